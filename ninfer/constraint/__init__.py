@@ -1,0 +1,1 @@
+"""Generated protobuf stubs (tools/gen_protos.py)."""
