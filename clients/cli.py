@@ -1,0 +1,286 @@
+"""The ``ninfer`` command line.
+
+Subcommands::
+
+    ninfer serve ...           start sidecar + engine (forwarded to gpu_engine.serve.serve_main)
+    ninfer generate [PROMPT]   generate text (optionally constrained), streaming
+    ninfer count-tokens [PROMPT]
+    ninfer health
+
+Exit codes: 0 success; 2 rejected request (bad arguments, or the server
+refused the request before queueing); 1 any other failure (server
+unreachable, runtime error, cancellation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence, TextIO
+
+from .client import GenerationResult, NInferClient, default_target
+from .errors import NInferError, RequestRejected, format_error
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_REJECTED = 2
+
+_SPEC_CHOICES = ["none", "ngram", "early-exit", "early-exit-sampled"]
+
+
+def _add_server(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--server",
+        default=None,
+        metavar="HOST:PORT",
+        help="server address (default: $NINFER_SERVER or 127.0.0.1:50051)",
+    )
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline in seconds")
+
+
+def _add_input(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", nargs="?", default=None, metavar="PROMPT", help="prompt text; '-' or omitted reads stdin")
+    p.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
+    p.add_argument("--system", default=None, metavar="TEXT", help="system message (with --chat)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the ``ninfer`` argument parser."""
+    parser = argparse.ArgumentParser(prog="ninfer", description="NInfer: LLM serving with grammar-constrained decoding")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    sub.add_parser(
+        "serve",
+        help="start the constraint sidecar and the engine (see `ninfer serve --help`)",
+        add_help=False,
+    )
+
+    g = sub.add_parser("generate", help="generate text")
+    _add_input(g)
+    body = g.add_mutually_exclusive_group()
+    body.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    body.add_argument("--json-schema-file", metavar="F", help="constrain the output to a JSON Schema (file)")
+    body.add_argument("--grammar-file", metavar="F", help="constrain the output to a GBNF grammar (file, rule root)")
+    body.add_argument("--regex", metavar="R", help="constrain the output to a regular expression")
+    body.add_argument("--choice", metavar="C", action="append", help="allowed output (repeatable)")
+    g.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    g.add_argument("--temperature", type=float, default=None, metavar="T")
+    g.add_argument("--top-p", type=float, default=None, metavar="P")
+    g.add_argument("--top-k", type=int, default=None, metavar="K")
+    g.add_argument("--min-p", type=float, default=None, metavar="P")
+    g.add_argument("--seed", type=int, default=None, metavar="N")
+    g.add_argument("--presence-penalty", type=float, default=None, metavar="X")
+    g.add_argument("--frequency-penalty", type=float, default=None, metavar="X")
+    g.add_argument("--speculative", choices=_SPEC_CHOICES, default=None)
+    g.add_argument("--num-draft-tokens", type=int, default=None, metavar="K")
+    g.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
+    _add_server(g)
+
+    c = sub.add_parser("count-tokens", help="count the tokens of a prompt")
+    _add_input(c)
+    c.add_argument("--format", choices=["text", "json"], default="text")
+    _add_server(c)
+
+    h = sub.add_parser("health", help="check server health (grpc.health.v1)")
+    h.add_argument("--service", default="", help="service name (default: the whole server)")
+    _add_server(h)
+    return parser
+
+
+def _read_prompt(args: argparse.Namespace, stdin: TextIO) -> str:
+    if args.prompt is None or args.prompt == "-":
+        return stdin.read()
+    return args.prompt
+
+
+def _input_kwargs(args: argparse.Namespace, stdin: TextIO) -> dict[str, Any]:
+    text = _read_prompt(args, stdin)
+    if args.chat:
+        messages = []
+        if args.system is not None:
+            messages.append({"role": "system", "content": args.system})
+        messages.append({"role": "user", "content": text})
+        return {"messages": messages}
+    return {"prompt": text}
+
+
+def _read_file(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"cannot read {what} file {path!r}: {e}", "") from None
+
+
+def _constraint(args: argparse.Namespace) -> dict | None:
+    if args.json_object:
+        return {"json_object": True}
+    if args.json_schema_file is not None:
+        return {"json_schema": _read_file(args.json_schema_file, "JSON Schema")}
+    if args.grammar_file is not None:
+        return {"grammar": _read_file(args.grammar_file, "grammar")}
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.choice is not None:
+        return {"choice": list(args.choice)}
+    return None
+
+
+def _exit_for(result: GenerationResult) -> int:
+    return EXIT_OK if result.ok else EXIT_FAILURE
+
+
+def _error_result(exc: NInferError, text: str = "") -> GenerationResult:
+    return GenerationResult(text=text, finish_reason="error", error=exc.to_dict())
+
+
+def _exit_for_exc(exc: NInferError) -> int:
+    return EXIT_REJECTED if isinstance(exc, RequestRejected) else EXIT_FAILURE
+
+
+def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    as_json = args.format == "json"
+
+    def fail(exc: NInferError, text: str = "") -> int:
+        if as_json:
+            print(json.dumps(_error_result(exc, text).to_dict(), ensure_ascii=False), file=out, flush=True)
+        else:
+            if text:
+                print(file=out, flush=True)
+            print(f"error: {format_error(exc.to_dict())}", file=err, flush=True)
+        return _exit_for_exc(exc)
+
+    try:
+        kwargs = _input_kwargs(args, stdin)
+        kwargs.update(
+            constraint=_constraint(args),
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.seed,
+            presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
+            speculative=args.speculative,
+            num_draft_tokens=args.num_draft_tokens,
+        )
+    except NInferError as exc:
+        return fail(exc)
+
+    with NInferClient(args.server or default_target(), timeout_s=args.timeout) as client:
+        stream = None
+        try:
+            stream = client.generate(**kwargs)
+            for event in stream:
+                if not as_json and event.text:
+                    out.write(event.text)
+                    out.flush()
+            result = stream.result
+            assert result is not None
+        except NInferError as exc:
+            return fail(exc, stream.text if stream is not None else "")
+        except KeyboardInterrupt:
+            if stream is None:
+                return EXIT_FAILURE
+            result = stream.cancel()
+
+    if as_json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False), file=out, flush=True)
+    else:
+        print(file=out, flush=True)
+        if result.finish_reason == "error" and result.error is not None:
+            print(f"error: {format_error(result.error)}", file=err, flush=True)
+        elif result.finish_reason == "cancelled":
+            print("error: cancelled", file=err, flush=True)
+    return _exit_for(result)
+
+
+def _cmd_count_tokens(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
+    try:
+        kwargs = _input_kwargs(args, stdin)
+        with NInferClient(args.server or default_target(), timeout_s=args.timeout) as client:
+            count = client.count_tokens(**kwargs)
+    except NInferError as exc:
+        if args.format == "json":
+            print(json.dumps({"error": exc.to_dict()}), file=out)
+        else:
+            print(f"error: {format_error(exc.to_dict())}", file=err)
+        return _exit_for_exc(exc)
+    if args.format == "json":
+        print(json.dumps({"num_tokens": count.num_tokens, "max_context_tokens": count.max_context_tokens}), file=out)
+    else:
+        print(count.num_tokens, file=out)
+    return EXIT_OK
+
+
+def _cmd_health(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    timeout = args.timeout if args.timeout is not None else 5.0
+    try:
+        with NInferClient(args.server or default_target(), timeout_s=timeout) as client:
+            status = client.health(args.service)
+    except NInferError as exc:
+        print(f"error: {format_error(exc.to_dict())}", file=err)
+        return EXIT_FAILURE
+    print(status, file=out)
+    return EXIT_OK if status == "SERVING" else EXIT_FAILURE
+
+
+def _cmd_serve(argv: list[str], err: TextIO) -> int:
+    try:
+        from gpu_engine.serve import serve_main  # lazy: the client does not need torch
+    except ImportError as e:
+        print(f"error: cannot start the server ({e}); install the full `ninfer` package", file=err)
+        return EXIT_FAILURE
+    rc = serve_main(list(argv))
+    return int(rc or 0)
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
+) -> int:
+    """Runs the ``ninfer`` CLI.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+        stdout, stderr, stdin: streams (default the ``sys`` ones, looked up at call time).
+    Returns:
+        The exit code: 0 success, 2 rejected request / usage error,
+        1 other failure.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    inp = stdin if stdin is not None else sys.stdin
+
+    if argv and argv[0] == "serve":
+        return _cmd_serve(argv[1:], err)
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # usage errors (2) and --help (0)
+        return int(e.code) if isinstance(e.code, int) else EXIT_REJECTED
+    if getattr(args, "system", None) is not None and not args.chat:
+        try:
+            parser.error("--system requires --chat")
+        except SystemExit as e:
+            return int(e.code) if isinstance(e.code, int) else EXIT_REJECTED
+
+    if args.command == "generate":
+        return _cmd_generate(args, out, err, inp)
+    if args.command == "count-tokens":
+        return _cmd_count_tokens(args, out, err, inp)
+    if args.command == "health":
+        return _cmd_health(args, out, err)
+    parser.print_help(err)
+    return EXIT_REJECTED
+
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_REJECTED", "build_parser", "main"]

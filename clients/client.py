@@ -1,0 +1,622 @@
+"""Python client for the NInfer ``ninfer.v1.Generation`` gRPC API.
+
+Example::
+
+    from clients import NInferClient
+
+    with NInferClient("127.0.0.1:50051") as client:
+        for event in client.generate("Once upon", max_tokens=32):
+            print(event.text, end="", flush=True)
+        result = client.generate_text(
+            messages=[{"role": "user", "content": "Give a person as JSON"}],
+            constraint={"json_schema": '{"type": "object"}'},
+        )
+        print(result.text, result.finish_reason, result.constraint)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import grpc
+
+from ninfer.v1 import generation_pb2 as pb
+from ninfer.v1 import generation_pb2_grpc as pb_grpc
+
+from .errors import NInferError, RequestRejected, ServerError, exception_from_rpc_error
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+CONSTRAINT_KINDS = ("json_object", "json_schema", "grammar", "regex", "choice")
+
+SPECULATIVE_METHODS = {
+    "none": pb.SPECULATIVE_METHOD_NONE,
+    "ngram": pb.SPECULATIVE_METHOD_NGRAM,
+    "early-exit": pb.SPECULATIVE_METHOD_EARLY_EXIT,
+    "early_exit": pb.SPECULATIVE_METHOD_EARLY_EXIT,
+    "early-exit-sampled": pb.SPECULATIVE_METHOD_EARLY_EXIT_SAMPLED,
+    "early_exit_sampled": pb.SPECULATIVE_METHOD_EARLY_EXIT_SAMPLED,
+}
+
+FINISH_REASONS = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_ERROR: "error",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+}
+
+CACHE_STATUS = {
+    pb.CACHE_STATUS_HIT: "hit",
+    pb.CACHE_STATUS_BUILT: "built",
+    pb.CACHE_STATUS_WAITED: "waited",
+}
+
+
+def default_target() -> str:
+    """The server address from env ``NINFER_SERVER``, else ``127.0.0.1:50051``."""
+    return os.environ.get("NINFER_SERVER") or DEFAULT_TARGET
+
+
+def _zero_usage() -> dict:
+    return {"prompt_tokens": 0, "completion_tokens": 0, "draft_tokens": 0, "accepted_draft_tokens": 0}
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one generation.
+
+    Attributes:
+        text: the generated text (all deltas concatenated).
+        finish_reason: ``"stop"``, ``"length"``, ``"error"`` or ``"cancelled"``.
+        usage: ``{prompt_tokens, completion_tokens, draft_tokens, accepted_draft_tokens}``.
+        constraint: ``{kind, complete, terminated, cache, prepare_seconds}`` or None
+            when the request had no constraint.
+        error: ``{code, kind, message, location}`` or None.
+        token_ids: the generated token ids (not part of :meth:`to_dict`).
+        request_id: the request id sent to the server.
+    """
+
+    text: str = ""
+    finish_reason: str = "error"
+    usage: dict = field(default_factory=_zero_usage)
+    constraint: dict | None = None
+    error: dict | None = None
+    token_ids: list[int] = field(default_factory=list)
+    request_id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when generation finished normally (``stop`` or ``length``)."""
+        return self.finish_reason in ("stop", "length")
+
+    def to_dict(self) -> dict:
+        """The CLI's ``--format json`` object:
+        ``{"text", "finish_reason", "usage", "constraint", "error"}``."""
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": dict(self.usage),
+            "constraint": dict(self.constraint) if self.constraint is not None else None,
+            "error": dict(self.error) if self.error is not None else None,
+        }
+
+
+@dataclass
+class GenerateEvent:
+    """One streamed message.
+
+    Attributes:
+        text: new text since the previous event (may be empty).
+        token_ids: token ids committed since the previous event.
+        finish: the final :class:`GenerationResult` on the last event, else None.
+        raw: the underlying ``GenerateResponse``.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish: GenerationResult | None = None
+    raw: pb.GenerateResponse | None = None
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """Result of :meth:`NInferClient.count_tokens`."""
+
+    num_tokens: int
+    max_context_tokens: int
+
+
+def result_from_finish(finish: pb.Finish, text: str, token_ids: list[int], request_id: str = "") -> GenerationResult:
+    """Builds a :class:`GenerationResult` from a ``Finish`` message.
+
+    Args:
+        finish: the final ``Finish`` message of the stream.
+        text: the concatenated streamed text.
+        token_ids: the concatenated streamed token ids.
+        request_id: the request id.
+    Returns:
+        The result; an ERROR finish without ``error`` gets a generic
+        ``INTERNAL`` error dict.
+    """
+    reason = FINISH_REASONS.get(finish.finish_reason, "error")
+    u = finish.usage
+    usage = {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "draft_tokens": u.draft_tokens,
+        "accepted_draft_tokens": u.accepted_draft_tokens,
+    }
+    constraint = None
+    if finish.HasField("constraint"):
+        c = finish.constraint
+        constraint = {
+            "kind": c.kind,
+            "complete": c.complete,
+            "terminated": c.terminated,
+            "cache": CACHE_STATUS.get(c.cache),
+            "prepare_seconds": c.prepare_seconds,
+        }
+    error = None
+    if finish.HasField("error"):
+        e = finish.error
+        error = {"code": e.code or "INTERNAL", "kind": e.kind, "message": e.message, "location": e.location}
+    elif reason == "error":
+        error = {
+            "code": "INTERNAL",
+            "kind": "UnknownError",
+            "message": "the server reported an error without details",
+            "location": "",
+        }
+    return GenerationResult(
+        text=text,
+        finish_reason=reason,
+        usage=usage,
+        constraint=constraint,
+        error=error,
+        token_ids=list(token_ids),
+        request_id=request_id,
+    )
+
+
+class GenerationStream(Iterator[GenerateEvent]):
+    """An in-flight ``Generate`` call: iterate it for :class:`GenerateEvent`.
+
+    After iteration ends, :attr:`result` holds the :class:`GenerationResult`
+    (also given on the last event's ``finish``). :meth:`cancel` cancels the
+    RPC; iteration then ends with a ``"cancelled"`` result.
+
+    Iteration raises :class:`RequestRejected` / :class:`ServerUnavailable` /
+    :class:`ServerError` when the RPC fails; :attr:`text` still holds the
+    text received before the failure.
+    """
+
+    def __init__(self, call: Any, request_id: str = "") -> None:
+        self._call = call
+        self.request_id = request_id
+        self._parts: list[str] = []
+        self._tokens: list[int] = []
+        self._cancelled = False
+        self.result: GenerationResult | None = None
+        self._done = False
+
+    @property
+    def text(self) -> str:
+        """Text received so far."""
+        return "".join(self._parts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Token ids received so far."""
+        return list(self._tokens)
+
+    def cancel(self) -> GenerationResult:
+        """Cancels the RPC (idempotent) and returns the result: ``"cancelled"``
+        with the text received so far, unless the stream already finished."""
+        if self.result is None:
+            self._cancelled = True
+            try:
+                self._call.cancel()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+            self._finish_cancelled()
+        return self.result  # type: ignore[return-value]
+
+    def _finish_cancelled(self) -> None:
+        self._done = True
+        self.result = GenerationResult(
+            text=self.text,
+            finish_reason="cancelled",
+            token_ids=list(self._tokens),
+            request_id=self.request_id,
+        )
+
+    def __iter__(self) -> "GenerationStream":
+        return self
+
+    def __next__(self) -> GenerateEvent:
+        if self._done:
+            raise StopIteration
+        try:
+            resp = next(self._call)
+        except StopIteration:
+            self._done = True
+            if self._cancelled:
+                self._finish_cancelled()
+                raise
+            if self.result is None:
+                exc = ServerError("INTERNAL", "IncompleteStream", "the stream ended without a finish message")
+                raise exc from None
+            raise
+        except grpc.RpcError as err:
+            self._done = True
+            if self._cancelled:
+                self._finish_cancelled()
+                raise StopIteration from None
+            raise exception_from_rpc_error(err) from None
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        if resp.text:
+            self._parts.append(resp.text)
+        if resp.token_ids:
+            self._tokens.extend(resp.token_ids)
+        event = GenerateEvent(text=resp.text, token_ids=list(resp.token_ids), raw=resp)
+        if resp.HasField("finish"):
+            self.result = result_from_finish(resp.finish, self.text, self._tokens, self.request_id)
+            event.finish = self.result
+            self._done = True
+        return event
+
+    def collect(self) -> GenerationResult:
+        """Consumes the rest of the stream and returns the result.
+
+        Raises:
+            NInferError: on RPC failure (see class docstring).
+            KeyboardInterrupt: after cancelling the RPC.
+        """
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+def _code(err: grpc.RpcError) -> grpc.StatusCode | None:
+    try:
+        return err.code()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _trace_metadata() -> list[tuple[str, str]]:
+    """W3C trace-context headers of the current OpenTelemetry context, if any."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return []
+    carrier: dict[str, str] = {}
+    try:
+        propagate.inject(carrier)
+    except Exception:  # noqa: BLE001 - tracing must never break requests
+        return []
+    return [(k.lower(), str(v)) for k, v in carrier.items()]
+
+
+def _invalid(message: str) -> RequestRejected:
+    return RequestRejected("INVALID_ARGUMENT", "InvalidRequest", message, "")
+
+
+def build_constraint(constraint: Mapping[str, Any] | None) -> pb.OutputConstraint | None:
+    """Converts a constraint dict to an ``OutputConstraint``.
+
+    Args:
+        constraint: exactly one of ``{"json_object": True}``,
+            ``{"json_schema": "<json text>" | dict}``, ``{"grammar": "..."}``,
+            ``{"regex": "..."}``, ``{"choice": ["a", "b"]}``; or None.
+    Returns:
+        The message, or None for no constraint.
+    Raises:
+        RequestRejected: (kind ``InvalidRequest``) for a malformed dict.
+    """
+    if constraint is None:
+        return None
+    if isinstance(constraint, pb.OutputConstraint):
+        return constraint
+    if not isinstance(constraint, Mapping):
+        raise _invalid(f"constraint must be a dict, got {type(constraint).__name__}")
+    keys = [k for k in constraint if k in CONSTRAINT_KINDS]
+    unknown = [k for k in constraint if k not in CONSTRAINT_KINDS]
+    if unknown:
+        raise _invalid(f"unknown constraint key(s) {unknown}; expected one of {list(CONSTRAINT_KINDS)}")
+    if len(keys) != 1:
+        raise _invalid(f"exactly one constraint kind is allowed, got {keys}")
+    kind = keys[0]
+    value = constraint[kind]
+    oc = pb.OutputConstraint()
+    if kind == "json_object":
+        if not value:
+            return None
+        oc.json_object.SetInParent()
+    elif kind == "json_schema":
+        if isinstance(value, (dict, list, bool)):
+            value = json.dumps(value)
+        if not isinstance(value, str):
+            raise _invalid("json_schema must be JSON text or a dict")
+        oc.json_schema = value
+    elif kind in ("grammar", "regex"):
+        if not isinstance(value, str):
+            raise _invalid(f"{kind} must be a string")
+        setattr(oc, kind, value)
+    else:  # choice
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            raise _invalid("choice must be a list of strings")
+        options = list(value)
+        if not all(isinstance(o, str) for o in options):
+            raise _invalid("choice options must be strings")
+        oc.choice.SetInParent()
+        oc.choice.options.extend(options)
+    return oc
+
+
+def build_chat(messages: Sequence[Any], continue_final_message: bool = False) -> pb.Chat:
+    """Converts messages to a ``Chat``.
+
+    Args:
+        messages: dicts ``{"role", "content"}``, ``(role, content)`` pairs or
+            ``ChatMessage`` messages.
+        continue_final_message: continue the last (assistant) message.
+    Returns:
+        The ``Chat`` message.
+    Raises:
+        RequestRejected: (kind ``InvalidRequest``) for a malformed message.
+    """
+    chat = pb.Chat(continue_final_message=bool(continue_final_message))
+    for m in messages:
+        if isinstance(m, pb.ChatMessage):
+            chat.messages.append(m)
+        elif isinstance(m, Mapping):
+            chat.messages.add(role=str(m.get("role", "")), content=str(m.get("content", "")))
+        elif isinstance(m, (tuple, list)) and len(m) == 2:
+            chat.messages.add(role=str(m[0]), content=str(m[1]))
+        else:
+            raise _invalid(f"bad chat message {m!r}; expected {{'role', 'content'}}")
+    return chat
+
+
+class NInferClient:
+    """A blocking client for one NInfer server.
+
+    Args:
+        target: ``host:port`` (default: env ``NINFER_SERVER`` or ``127.0.0.1:50051``).
+        timeout_s: per-call deadline in seconds (None = no deadline).
+        channel: an existing ``grpc.Channel`` to use instead of creating one
+            (the client does not close it).
+        options: extra channel options for ``grpc.insecure_channel``.
+
+    Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        timeout_s: float | None = None,
+        *,
+        channel: grpc.Channel | None = None,
+        options: Sequence[tuple[str, Any]] | None = None,
+    ) -> None:
+        self.target = target or default_target()
+        self.timeout_s = timeout_s
+        self._own_channel = channel is None
+        self._channel = channel if channel is not None else grpc.insecure_channel(self.target, options=list(options or ()))
+        self._stub = pb_grpc.GenerationStub(self._channel)
+
+    # -- lifecycle -------------------------------------------------------
+    def close(self) -> None:
+        """Closes the channel (if the client created it)."""
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> "NInferClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests --------------------------------------------------------
+    @staticmethod
+    def build_request(
+        prompt: str | None = None,
+        messages: Sequence[Any] | None = None,
+        *,
+        constraint: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        seed: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        speculative: str | int | None = None,
+        num_draft_tokens: int | None = None,
+        continue_final_message: bool = False,
+        request_id: str | None = None,
+    ) -> pb.GenerateRequest:
+        """Builds a ``GenerateRequest`` (see :meth:`generate` for the arguments).
+
+        Raises:
+            RequestRejected: (kind ``InvalidRequest``) for invalid arguments.
+        """
+        if (prompt is None) == (messages is None):
+            raise _invalid("give exactly one of prompt or messages")
+        if continue_final_message and messages is None:
+            raise _invalid("continue_final_message needs messages")
+        req = pb.GenerateRequest(request_id=request_id or uuid.uuid4().hex)
+        if prompt is not None:
+            req.prompt = prompt
+        else:
+            req.chat.CopyFrom(build_chat(messages, continue_final_message))  # type: ignore[arg-type]
+        if max_tokens is not None:
+            if max_tokens < 0:
+                raise _invalid("max_tokens must be >= 0")
+            req.max_tokens = int(max_tokens)
+        s = req.sampling
+        for name, value in (
+            ("temperature", temperature),
+            ("top_p", top_p),
+            ("min_p", min_p),
+            ("presence_penalty", presence_penalty),
+            ("frequency_penalty", frequency_penalty),
+        ):
+            if value is not None:
+                setattr(s, name, float(value))
+        if top_k is not None:
+            s.top_k = int(top_k)
+        if seed is not None:
+            if seed < 0:
+                raise _invalid("seed must be >= 0")
+            s.seed = int(seed)
+        oc = build_constraint(constraint)
+        if oc is not None:
+            req.constraint.CopyFrom(oc)
+        if speculative is not None or num_draft_tokens is not None:
+            if speculative is None:
+                method = pb.SPECULATIVE_METHOD_UNSPECIFIED
+            elif isinstance(speculative, int):
+                method = speculative
+            else:
+                key = str(speculative).lower()
+                if key not in SPECULATIVE_METHODS:
+                    raise _invalid(f"unknown speculative method {speculative!r}")
+                method = SPECULATIVE_METHODS[key]
+            req.speculative.method = method
+            if num_draft_tokens is not None:
+                if num_draft_tokens < 0:
+                    raise _invalid("num_draft_tokens must be >= 0")
+                req.speculative.num_draft_tokens = int(num_draft_tokens)
+        return req
+
+    def generate(self, prompt: str | None = None, messages: Sequence[Any] | None = None, **kwargs: Any) -> GenerationStream:
+        """Starts a streaming generation.
+
+        Args:
+            prompt: raw text prompt (no chat template). Exactly one of
+                ``prompt`` / ``messages``.
+            messages: chat messages (``{"role", "content"}`` dicts), rendered
+                with the model's chat template.
+            constraint: optional body constraint dict, one of
+                ``{"json_object": True}``, ``{"json_schema": "<json>"}``,
+                ``{"grammar": "<gbnf>"}``, ``{"regex": "<re>"}``,
+                ``{"choice": ["a", "b"]}``.
+            max_tokens: generated token limit (0/None = server default).
+            temperature, top_p, top_k, min_p, seed, presence_penalty,
+                frequency_penalty: sampling parameters (None = server default).
+            speculative: ``"none" | "ngram" | "early-exit" | "early-exit-sampled"``
+                (None = server default).
+            num_draft_tokens: draft tokens per step (None = server default).
+            continue_final_message: continue the final assistant message.
+            request_id: id for logs/traces (default: a random hex id).
+        Returns:
+            A :class:`GenerationStream` yielding :class:`GenerateEvent`; its
+            last event carries ``finish`` (a :class:`GenerationResult`).
+        Raises:
+            RequestRejected: invalid arguments (raised here) or a request the
+                server refused before queueing (raised on first iteration).
+            ServerUnavailable: server unreachable or deadline exceeded
+                (raised during iteration).
+            ServerError: other RPC failures (raised during iteration).
+        """
+        req = self.build_request(prompt, messages, **kwargs)
+        call = self._stub.Generate(req, timeout=self.timeout_s, metadata=_trace_metadata() or None)
+        return GenerationStream(call, req.request_id)
+
+    def generate_text(self, prompt: str | None = None, messages: Sequence[Any] | None = None, **kwargs: Any) -> GenerationResult:
+        """Runs a generation to the end and returns the assembled result.
+
+        Takes the same arguments as :meth:`generate`. A runtime error after
+        generation started is *returned* (``finish_reason == "error"`` and
+        ``error`` set), not raised.
+
+        Returns:
+            The :class:`GenerationResult`.
+        Raises:
+            RequestRejected: the request was refused before queueing (or the
+                arguments are invalid).
+            ServerUnavailable: server unreachable or deadline exceeded.
+            ServerError: other RPC failures.
+            KeyboardInterrupt: re-raised after cancelling the RPC.
+        """
+        return self.generate(prompt, messages, **kwargs).collect()
+
+    def count_tokens(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[Any] | None = None,
+        *,
+        continue_final_message: bool = False,
+    ) -> TokenCount:
+        """Counts the tokens of a prompt or chat as the model sees it.
+
+        Args:
+            prompt: raw text (exactly one of ``prompt`` / ``messages``).
+            messages: chat messages (rendered with a generation prompt).
+            continue_final_message: render the last message as continued.
+        Returns:
+            :class:`TokenCount` ``(num_tokens, max_context_tokens)``.
+        Raises:
+            RequestRejected, ServerUnavailable, ServerError: as for :meth:`generate`.
+        """
+        if (prompt is None) == (messages is None):
+            raise _invalid("give exactly one of prompt or messages")
+        req = pb.CountTokensRequest()
+        if prompt is not None:
+            req.prompt = prompt
+        else:
+            req.chat.CopyFrom(build_chat(messages, continue_final_message))  # type: ignore[arg-type]
+        try:
+            resp = self._stub.CountTokens(req, timeout=self.timeout_s, metadata=_trace_metadata() or None)
+        except grpc.RpcError as err:
+            raise exception_from_rpc_error(err) from None
+        return TokenCount(resp.num_tokens, resp.max_context_tokens)
+
+    def health(self, service: str = "") -> str:
+        """Checks server health with the standard ``grpc.health.v1`` service.
+
+        Args:
+            service: service name to check (``""`` = the whole server).
+        Returns:
+            The status name: ``"SERVING"``, ``"NOT_SERVING"``, ``"UNKNOWN"``
+            or ``"SERVICE_UNKNOWN"``.
+        Raises:
+            ServerUnavailable: server unreachable or deadline exceeded.
+            ServerError: other RPC failures (e.g. health service missing).
+        """
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            exc = exception_from_rpc_error(err)
+            if _code(err) == grpc.StatusCode.NOT_FOUND:
+                return "SERVICE_UNKNOWN"
+            raise exc from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "GenerateEvent",
+    "GenerationResult",
+    "GenerationStream",
+    "NInferClient",
+    "NInferError",
+    "TokenCount",
+    "build_chat",
+    "build_constraint",
+    "default_target",
+    "result_from_finish",
+]

@@ -1,0 +1,100 @@
+"""``python -m constraint_service``: run the constraint sidecar.
+
+Listens on a unix socket by default (``--socket``), or on TCP with
+``--listen HOST:PORT``. With ``--parent-pid`` the sidecar exits when that
+process dies (Linux ``PR_SET_PDEATHSIG`` plus a watchdog), and unlinks the
+mask ring the dead engine can no longer remove, so no ``/dev/shm`` segment
+outlives a SIGKILLed engine.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
+from ninfer.telemetry import server_interceptors, setup_tracing
+
+from .server import ConstraintServicer, SidecarOptions
+
+log = logging.getLogger("ninfer.sidecar")
+
+
+def _set_pdeathsig() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m constraint_service", description="NInfer constraint sidecar")
+    ap.add_argument("--socket", default="/tmp/ninfer-constraint.sock", help="unix socket path to listen on")
+    ap.add_argument("--listen", default="", help="HOST:PORT to listen on instead of a unix socket")
+    ap.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    ap.add_argument("--grammar-cache-bytes", type=int, default=256 << 20)
+    ap.add_argument("--max-cold-compiles", type=int, default=2)
+    ap.add_argument("--compile-timeout", type=float, default=10.0, help="compile deadline in seconds")
+    ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
+    setup_tracing("ninfer-constraint-service")
+    if args.parent_pid:
+        _set_pdeathsig()
+
+    servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), interceptors=server_interceptors(),
+                         options=[("grpc.max_receive_message_length", 64 << 20)])
+    pb_grpc.add_ConstraintServiceServicer_to_server(servicer, server)
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    if args.listen:
+        address = args.listen
+    else:
+        if os.path.exists(args.socket):
+            os.unlink(args.socket)
+        address = f"unix://{args.socket}"
+    server.add_insecure_port(address)
+    server.start()
+    if not args.listen:
+        os.chmod(args.socket, 0o600)
+    hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(f"constraint sidecar ready on {address}", flush=True)
+    parent_died = False
+    while not stop.wait(0.5):
+        if args.parent_pid and os.getppid() != args.parent_pid:
+            parent_died = True
+            break
+    if args.parent_pid and os.getppid() != args.parent_pid:
+        parent_died = True
+    server.stop(grace=0.5).wait()
+    ring_name = servicer.ring_name
+    servicer.close()
+    if parent_died and ring_name:
+        # The engine owns the ring; it cannot remove it any more.
+        from shared_memory.ring import remove_segment
+
+        remove_segment(ring_name)
+    if not args.listen and os.path.exists(args.socket):
+        os.unlink(args.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

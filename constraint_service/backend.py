@@ -1,0 +1,270 @@
+"""The xgrammar backend: one class for the library, one for a request's matcher.
+
+STYLE "A narrow interface, one class per backend": :class:`XGrammarBackend`
+(vocabulary index, EBNF parsing, compile, new matcher, batch mask fill) and
+:class:`XGrammarMatcher` (``accept_token``, ``accept_bytes``, ``rollback``,
+``fill_bitmask``, ``is_terminated``, ``is_completed``).  Nothing outside
+``constraint_service/`` sees an xgrammar type; another library could stand
+beside this pair.
+
+xgrammar 0.2.9 behaviour worked around here (see also ``vocab.py``):
+
+* ``fill_next_token_bitmask`` may set bits >= V in the last word (seen with
+  negated character classes); callers clear them with :attr:`XGrammarBackend.tail_mask`.
+* Parse errors are ``RuntimeError("... error at line L, column C: msg")`` with
+  a *byte* column; :func:`translate_xgrammar_error` converts it to a
+  character column.
+* Compiles release the GIL, so a compile on a worker thread does not stall
+  the serving threads.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from .errors import ConstraintError
+from .types import bitmask_words
+from .vocab import Vocabulary, encoded_vocab_for_xgrammar
+
+__all__ = [
+    "CompiledConstraint",
+    "XGrammarBackend",
+    "XGrammarMatcher",
+    "translate_xgrammar_error",
+]
+
+_POS_RE = re.compile(r"error at line (\d+), column (\d+):\s*(.*)", re.S)
+_PREFIX_RE = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
+
+
+def _clean_message(text: str) -> str:
+    text = text.strip()
+    text = _PREFIX_RE.sub("", text)
+    return text.strip()
+
+
+def _char_column(source: str, line: int, byte_col: int) -> int:
+    """Convert xgrammar's 1-based byte column on ``line`` to a 1-based character column."""
+    lines = source.split("\n")
+    if not 1 <= line <= len(lines):
+        return byte_col
+    raw = lines[line - 1].encode("utf-8")
+    return len(raw[: max(byte_col - 1, 0)].decode("utf-8", errors="ignore")) + 1
+
+
+def translate_xgrammar_error(exc: BaseException, source: str, kind: str) -> ConstraintError:
+    """Turn an xgrammar parse/compile exception into a :class:`ConstraintError`.
+
+    Args:
+        exc: the exception xgrammar raised (usually ``RuntimeError``).
+        source: the text xgrammar parsed (for byte -> character columns).
+        kind: the ``ConstraintError.kind`` to report.
+
+    Returns:
+        The error, with ``location="line:col"`` when xgrammar gave a position.
+    """
+    text = str(exc)
+    m = _POS_RE.search(text)
+    if m:
+        line, col = int(m.group(1)), int(m.group(2))
+        msg = _clean_message(m.group(3)) or "syntax error"
+        if 'root rule with name "root" is not found' in msg:
+            return ConstraintError(kind, 'missing entry rule "root"', "")
+        return ConstraintError(kind, msg, f"{line}:{_char_column(source, line, col)}")
+    return ConstraintError(kind, _clean_message(text) or type(exc).__name__, "")
+
+
+class CompiledConstraint:
+    """An immutable compiled grammar shared by every request with the same key.
+
+    Attributes:
+        kind: the constraint kind it was compiled from.
+        key: the cache key (kind, canonical source, options, wrapper, vocabulary).
+        memory_size_bytes: xgrammar's estimate of the compiled grammar's size, bytes.
+        backend: the :class:`XGrammarBackend` that compiled it.
+
+    Sessions call :meth:`acquire` / :meth:`release`; the cache never evicts a
+    held entry, and an evicted grammar stays alive while referenced.
+    """
+
+    __slots__ = ("kind", "key", "backend", "_compiled", "memory_size_bytes", "_holders",
+                 "_lock", "_on_idle", "__weakref__")
+
+    def __init__(self, kind: str, key: tuple, backend: "XGrammarBackend",
+                 compiled: "xgr.CompiledGrammar") -> None:
+        self.kind = kind
+        self.key = key
+        self.backend = backend
+        self._compiled = compiled
+        self.memory_size_bytes = int(compiled.memory_size_bytes)
+        self._holders = 0
+        self._lock = threading.Lock()
+        self._on_idle: Optional[Callable[["CompiledConstraint"], None]] = None
+
+    @property
+    def num_holders(self) -> int:
+        """Number of live sessions holding this grammar."""
+        return self._holders
+
+    def acquire(self) -> None:
+        """Mark one more session as holding this grammar."""
+        with self._lock:
+            self._holders += 1
+
+    def release(self) -> None:
+        """Drop one holder; when none remain the cache may evict it."""
+        with self._lock:
+            self._holders -= 1
+            idle = self._holders == 0
+        hook = self._on_idle
+        if idle and hook is not None:
+            hook(self)
+
+    def new_matcher(self) -> "XGrammarMatcher":
+        """A fresh matcher at the start of the language."""
+        return XGrammarMatcher(xgr.GrammarMatcher(self._compiled), self.backend)
+
+
+class XGrammarBackend:
+    """xgrammar behind a narrow interface, bound to one vocabulary.
+
+    Constructing it builds the vocabulary index (``xgrammar.TokenizerInfo``);
+    the compiler does that lazily on first constrained use.
+
+    Args:
+        vocab: the model vocabulary.
+        fill_threads: threads for :meth:`batch_fill` (xgrammar ``BatchGrammarMatcher``).
+    """
+
+    def __init__(self, vocab: Vocabulary, *, fill_threads: int = 2) -> None:
+        self.vocab = vocab
+        self.vocab_size = vocab.vocab_size
+        self.num_words = bitmask_words(vocab.vocab_size)
+        rem = vocab.vocab_size % 32
+        #: AND-mask for the last word of each row (clears bits >= V); None if V % 32 == 0.
+        self.tail_mask: Optional[np.uint32] = (
+            np.uint32((1 << rem) - 1) if rem else None
+        )
+        self.tokenizer_info = xgr.TokenizerInfo(
+            encoded_vocab_for_xgrammar(vocab),
+            xgr.VocabType.RAW,
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=list(vocab.eos_ids),
+        )
+        self.eos_ids = frozenset(vocab.eos_ids)
+        self._batch = xgr.BatchGrammarMatcher(max(1, int(fill_threads)))
+
+    # -- grammar construction -------------------------------------------------
+    @staticmethod
+    def parse_ebnf(source: str, *, kind: str = "InvalidGrammar") -> "xgr.Grammar":
+        """Parse xgrammar EBNF text (entry rule ``root``).
+
+        Raises:
+            ConstraintError: ``kind`` with ``line:col`` for syntax errors.
+        """
+        try:
+            return xgr.Grammar.from_ebnf(source)
+        except Exception as exc:  # xgrammar raises RuntimeError
+            raise translate_xgrammar_error(exc, source, kind) from None
+
+    @staticmethod
+    def grammar_from_regex(regex: str) -> "xgr.Grammar":
+        """xgrammar's own regex converter (fallback until ``constraint_service.regex``).
+
+        Raises:
+            ConstraintError: ``InvalidRegex``.
+        """
+        try:
+            return xgr.Grammar.from_regex(regex)
+        except Exception as exc:
+            err = translate_xgrammar_error(exc, regex, "InvalidRegex")
+            raise ConstraintError("InvalidRegex", err.message, "") from None
+
+    @staticmethod
+    def grammar_from_json_schema(schema_text: str) -> "xgr.Grammar":
+        """xgrammar's schema converter, compact separators, declared order
+        (fallback until ``constraint_service.json_schema``).
+
+        Raises:
+            ConstraintError: ``InvalidSchema``.
+        """
+        try:
+            return xgr.Grammar.from_json_schema(
+                schema_text, any_whitespace=False, separators=(",", ":"), strict_mode=False
+            )
+        except Exception as exc:
+            raise ConstraintError("InvalidSchema", _clean_message(str(exc)), "") from None
+
+    def compile(self, grammar: "xgr.Grammar", *, kind: str, key: tuple) -> CompiledConstraint:
+        """Compile a parsed grammar against this vocabulary (single-threaded, GIL released).
+
+        Raises:
+            ConstraintError: ``InvalidGrammar`` when xgrammar rejects it at compile time.
+        """
+        compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
+        try:
+            compiled = compiler.compile_grammar(grammar)
+        except Exception as exc:
+            err_kind = {"regex": "InvalidRegex", "json_schema": "InvalidSchema"}.get(kind, "InvalidGrammar")
+            raise translate_xgrammar_error(exc, "", err_kind) from None
+        return CompiledConstraint(kind, key, self, compiled)
+
+    # -- masks ----------------------------------------------------------------
+    def batch_fill(self, matchers: Sequence["XGrammarMatcher"], bitmask: torch.Tensor,
+                   indices: list[int]) -> None:
+        """Fill ``bitmask[indices[j]]`` for ``matchers[j]`` with xgrammar's thread pool.
+
+        Args:
+            matchers: matchers, none terminated.
+            bitmask: ``[rows, W]`` int32 CPU tensor (a view of the ring's uint32 words).
+            indices: row index per matcher.
+
+        Bits >= V are *not* cleared here; see :attr:`tail_mask`.
+        """
+        self._batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, indices)
+
+
+class XGrammarMatcher:
+    """One request's mutable grammar state (never shared between requests)."""
+
+    __slots__ = ("_m", "backend")
+
+    def __init__(self, matcher: "xgr.GrammarMatcher", backend: XGrammarBackend) -> None:
+        self._m = matcher
+        self.backend = backend
+
+    def accept_token(self, token_id: int) -> bool:
+        """Accept one token id; False (state unchanged) if the grammar rejects it."""
+        return self._m.accept_token(int(token_id))
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Accept raw bytes (may split a UTF-8 character); one rollback step."""
+        return self._m.accept_string(bytes(data))
+
+    def rollback(self, num_steps: int) -> None:
+        """Undo the last ``num_steps`` accepted tokens (no-op for 0)."""
+        if num_steps > 0:
+            self._m.rollback(num_steps)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        """Write the allowed next-token set into ``bitmask[index]``.
+
+        Args:
+            bitmask: ``[rows, W]`` int32 CPU tensor.
+            index: row to fill.  Bits >= V may be set; clear with ``backend.tail_mask``.
+        """
+        self._m.fill_next_token_bitmask(bitmask, index)
+
+    def is_terminated(self) -> bool:
+        """EOS was accepted."""
+        return self._m.is_terminated()
+
+    def is_completed(self) -> bool:
+        """The input so far is a complete sentence ("allowed to end")."""
+        return self._m.is_completed()

@@ -1,0 +1,221 @@
+"""Thompson NFA, NFA simulation and on-the-fly product DFAs (used for pattern/length intersection)."""
+from __future__ import annotations
+
+from . import charset as cs
+
+
+class AutomatonLimit(Exception):
+    """Raised when an automaton would exceed a configured limit; .limit names it."""
+
+    def __init__(self, limit: str, message: str):
+        super().__init__(message)
+        self.limit = limit
+
+
+class NFA:
+    __slots__ = ("trans", "eps", "start", "final")
+
+    def __init__(self):
+        self.trans: list[list] = []  # state -> [(ranges, target)]
+        self.eps: list[list] = []
+        self.start = 0
+        self.final = 0
+
+    def new(self) -> int:
+        self.trans.append([])
+        self.eps.append([])
+        return len(self.trans) - 1
+
+
+def build_nfa(node, max_states: int = 200_000) -> NFA:
+    nfa = NFA()
+
+    def check():
+        if len(nfa.trans) > max_states:
+            raise AutomatonLimit("nfa_states", f"regex automaton exceeds {max_states} NFA states")
+
+    def build(n, s):  # returns end state, starting from s
+        kind = n[0]
+        if kind == "chars":
+            e = nfa.new()
+            if n[1]:
+                nfa.trans[s].append((n[1], e))
+            return e
+        if kind == "cat":
+            cur = s
+            for c in n[1]:
+                cur = build(c, cur)
+            return cur
+        if kind == "alt":
+            e = nfa.new()
+            for c in n[1]:
+                b = nfa.new()
+                nfa.eps[s].append(b)
+                be = build(c, b)
+                nfa.eps[be].append(e)
+            return e
+        if kind == "rep":
+            _, sub, lo, hi = n
+            cur = s
+            for _ in range(lo):
+                cur = build(sub, cur)
+                check()
+            if hi is None:
+                loop = nfa.new()
+                nfa.eps[cur].append(loop)
+                be = build(sub, loop)
+                nfa.eps[be].append(loop)
+                return loop
+            e = nfa.new()
+            nfa.eps[cur].append(e)
+            for _ in range(hi - lo):
+                nxt = build(sub, cur)
+                nfa.eps[nxt].append(e)
+                cur = nxt
+                check()
+            return e
+        raise ValueError(kind)
+
+    nfa.start = nfa.new()
+    nfa.final = build(node, nfa.start)
+    check()
+    return nfa
+
+
+def eps_closure(nfa: NFA, states) -> frozenset:
+    stack = list(states)
+    seen = set(stack)
+    while stack:
+        s = stack.pop()
+        for t in nfa.eps[s]:
+            if t not in seen:
+                seen.add(t)
+                stack.append(t)
+    return frozenset(seen)
+
+
+def step(nfa: NFA, states: frozenset, cp: int) -> frozenset:
+    nxt = set()
+    for s in states:
+        for rs, t in nfa.trans[s]:
+            if cs.contains(rs, cp):
+                nxt.add(t)
+    return eps_closure(nfa, nxt) if nxt else frozenset()
+
+
+def nfa_matches(nfa: NFA, text: str) -> bool:
+    cur = eps_closure(nfa, [nfa.start])
+    for ch in text:
+        cur = step(nfa, cur, ord(ch))
+        if not cur:
+            return False
+    return nfa.final in cur
+
+
+def nfa_charsets(nfa: NFA):
+    return {rs for tr in nfa.trans for rs, _ in tr}
+
+
+class DFA:
+    """states: 0..n-1, start 0; trans[s] = [(ranges, target)]; accept = set of states."""
+
+    def __init__(self):
+        self.trans: list[list] = []
+        self.accept: set[int] = set()
+
+
+def product_dfa(nfas: list, min_len: int = 0, max_len: int | None = None,
+                max_states: int = 65_536, max_len_bound: int = 8_192) -> DFA:
+    """DFA of the intersection of the NFAs' languages and min_len <= len <= max_len (code points)."""
+    if max_len is not None and max_len > max_len_bound:
+        raise AutomatonLimit("string_length_bound",
+                             f"string automaton length bound {max_len} exceeds {max_len_bound}")
+    if min_len > max_len_bound:
+        raise AutomatonLimit("string_length_bound",
+                             f"string automaton length bound {min_len} exceeds {max_len_bound}")
+    sets = set()
+    for n in nfas:
+        sets |= nfa_charsets(n)
+    atoms = [a for a in cs.partition(sets) if any(cs.contains(s, a[0][0]) for s in sets)]
+    # counter saturates at cap when there is no max
+    cap = max_len if max_len is not None else min_len
+
+    start = (tuple(eps_closure(n, [n.start]) for n in nfas), 0)
+    index = {start: 0}
+    order = [start]
+    dfa = DFA()
+    dfa.trans.append([])
+    i = 0
+    while i < len(order):
+        key = order[i]
+        subsets, cnt = key
+        if all(n.final in ss for n, ss in zip(nfas, subsets)) and cnt >= min_len:
+            dfa.accept.add(i)
+        if max_len is None or cnt < max_len:
+            ncnt = cnt + 1 if cnt < cap else cnt
+            by_target: dict = {}
+            for atom in atoms:
+                cp = atom[0][0]
+                nxt = []
+                dead = False
+                for n, ss in zip(nfas, subsets):
+                    t = step(n, ss, cp)
+                    if not t:
+                        dead = True
+                        break
+                    nxt.append(t)
+                if dead:
+                    continue
+                nkey = (tuple(nxt), ncnt)
+                j = index.get(nkey)
+                if j is None:
+                    j = len(order)
+                    if j >= max_states:
+                        raise AutomatonLimit("string_automaton_states",
+                                             f"string automaton exceeds {max_states} states")
+                    index[nkey] = j
+                    order.append(nkey)
+                    dfa.trans.append([])
+                by_target.setdefault(j, []).extend(atom)
+            dfa.trans[i] = [(cs.normalize(r), j) for j, r in by_target.items()]
+        i += 1
+    return prune(dfa)
+
+
+def prune(dfa: DFA) -> DFA:
+    """Remove states that cannot reach an accepting state."""
+    n = len(dfa.trans)
+    rev = [[] for _ in range(n)]
+    for s, tr in enumerate(dfa.trans):
+        for _, t in tr:
+            rev[t].append(s)
+    live = set(dfa.accept)
+    stack = list(live)
+    while stack:
+        s = stack.pop()
+        for p in rev[s]:
+            if p not in live:
+                live.add(p)
+                stack.append(p)
+    out = DFA()
+    if 0 not in live:
+        out.trans = [[]]
+        return out
+    remap = {}
+    order = [0]
+    remap[0] = 0
+    k = 0
+    while k < len(order):
+        s = order[k]
+        for _, t in dfa.trans[s]:
+            if t in live and t not in remap:
+                remap[t] = len(order)
+                order.append(t)
+        k += 1
+    out.trans = [[(r, remap[t]) for r, t in dfa.trans[s] if t in live] for s in order]
+    out.accept = {remap[s] for s in order if s in dfa.accept}
+    return out
+
+
+def dfa_is_empty(dfa: DFA) -> bool:
+    return not dfa.accept

@@ -1,0 +1,120 @@
+"""EBNF emission (xgrammar dialect) for regex ASTs and DFAs, raw text or JSON-string-escaped."""
+from __future__ import annotations
+
+from . import charset as cs
+
+# characters that are written verbatim inside a canonical JSON string
+JSON_PLAIN = cs.subtract(cs.ANY, cs.normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]))
+_NAMED = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def json_escape_char(cp: int) -> str:
+    """Canonical JSON escape of one code point (as json.dumps(ensure_ascii=False))."""
+    if cp in _NAMED:
+        return _NAMED[cp]
+    if cp < 0x20:
+        return "\\u%04x" % cp
+    return chr(cp)
+
+
+def _cp(c: int) -> str:
+    return "\\u%04x" % c if c <= 0xFFFF else "\\U%08x" % c
+
+
+def class_text(ranges) -> str:
+    parts = []
+    for lo, hi in ranges:
+        parts.append(_cp(lo) if lo == hi else _cp(lo) + "-" + _cp(hi))
+    return "[" + "".join(parts) + "]"
+
+
+def ebnf_string(text: str) -> str:
+    out = ['"']
+    for ch in text:
+        c = ord(ch)
+        if ch == '"' or ch == "\\":
+            out.append("\\" + ch)
+        elif 0x20 <= c < 0x7F:
+            out.append(ch)
+        else:
+            out.append(_cp(c))
+    out.append('"')
+    return "".join(out)
+
+
+def charset_raw(ranges) -> str:
+    if not ranges:
+        return "[]"
+    return class_text(ranges)
+
+
+def charset_json(ranges) -> str:
+    """Expression matching the canonical JSON-string encoding of one char of `ranges`."""
+    alts = []
+    plain = cs.intersect(ranges, JSON_PLAIN)
+    if plain:
+        alts.append(class_text(plain))
+    specials = [c for c in list(range(0x20)) + [0x22, 0x5C] if cs.contains(ranges, c)]
+    named = [c for c in specials if c in _NAMED]
+    for c in named:
+        alts.append(ebnf_string(_NAMED[c]))
+    other = [c for c in specials if c not in _NAMED]
+    lo_digits = [c for c in other if c < 0x10]
+    hi_digits = [c - 0x10 for c in other if 0x10 <= c < 0x20]
+    if lo_digits:
+        alts.append('"\\\\u000" ' + class_text(cs.normalize(
+            [(ord("%x" % d), ord("%x" % d)) for d in lo_digits])))
+    if hi_digits:
+        alts.append('"\\\\u001" ' + class_text(cs.normalize(
+            [(ord("%x" % d), ord("%x" % d)) for d in hi_digits])))
+    if not alts:
+        return "[]"
+    if len(alts) == 1:
+        return alts[0]
+    return "(" + " | ".join(alts) + ")"
+
+
+def ast_to_expr(node, json_mode: bool) -> str:
+    kind = node[0]
+    if kind == "chars":
+        return charset_json(node[1]) if json_mode else charset_raw(node[1])
+    if kind == "cat":
+        if not node[1]:
+            return '""'
+        parts = [ast_to_expr(c, json_mode) for c in node[1]]
+        return parts[0] if len(parts) == 1 else "(" + " ".join(parts) + ")"
+    if kind == "alt":
+        return "(" + " | ".join(ast_to_expr(c, json_mode) for c in node[1]) + ")"
+    if kind == "rep":
+        _, sub, lo, hi = node
+        inner = ast_to_expr(sub, json_mode)
+        if (lo, hi) == (0, None):
+            return "(" + inner + ")*"
+        if (lo, hi) == (1, None):
+            return "(" + inner + ")+"
+        if (lo, hi) == (0, 1):
+            return "(" + inner + ")?"
+        if hi == 0:
+            return '""'
+        if (lo, hi) == (1, 1):
+            return inner
+        if hi is None:
+            return "(" + inner + "){%d,}" % lo
+        return "(" + inner + "){%d,%d}" % (lo, hi)
+    raise ValueError(kind)
+
+
+def dfa_to_rules(dfa, prefix: str, json_mode: bool) -> tuple[str, list[str]]:
+    """Right-linear grammar for a DFA; returns (start rule name, rule lines)."""
+    rules = []
+    for s, tr in enumerate(dfa.trans):
+        alts = []
+        for ranges, t in tr:
+            e = charset_json(ranges) if json_mode else charset_raw(ranges)
+            alts.append(f"{e} {prefix}{t}")
+        if s in dfa.accept:
+            alts.append('""')
+        if not alts:
+            alts.append("[]")
+        rules.append(f"{prefix}{s} ::= " + " | ".join(alts))
+    return f"{prefix}0", rules

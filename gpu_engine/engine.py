@@ -1,0 +1,359 @@
+"""The engine: request lifecycle, fixed lanes, continuous batching, masked sampling.
+
+One worker thread runs :meth:`Engine.step` in a loop. A step:
+
+1. admits waiting requests into free lanes (prefill happens in the same step);
+2. for constrained rows, sends one ``Step`` message to the sidecar **before**
+   the forward pass (it confirms last step's tokens and asks for this step's
+   bitmasks in ring slot ``seq % num_slots``);
+3. runs the model forward (prefill rows one by one, decode rows batched);
+4. waits for the sidecar's answer only now (the exposed wait is measured),
+   checks the slot's sequence number, and samples all rows with their masks;
+5. commits tokens, streams text deltas, and finishes rows on EOS / budget.
+
+Seed 000 §5 (transactions), §7 (bitmask layout, lookahead), DESIGN.md "The
+hot path". Pure unconstrained steps never touch the sidecar or the ring.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ninfer.telemetry import get_tracer
+from shared_memory.layout import STATUS_DEAD_END, RingGeometry, bitmask_words
+from shared_memory.ring import MaskRing
+
+from .errors import RowError
+from .model.tokenizer import IncrementalDetokenizer
+from .model.vocab import TokenVocabulary
+from .program import Program
+from .request import Delta, Finish, Request
+from .sidecar import Sidecar, SidecarUnavailable, StepRow
+
+log = logging.getLogger("ninfer.engine")
+_tracer = get_tracer("ninfer.gpu_engine")
+
+
+@dataclass
+class EngineStats:
+    """Counters for benchmarks and metrics (seconds unless noted)."""
+
+    steps: int = 0
+    constrained_steps: int = 0
+    tokens: int = 0
+    sidecar_wait_s: float = 0.0  # exposed wait: time spent blocked on the sidecar's answer
+    step_s: float = 0.0
+    mask_h2d_bytes: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    per_step_wait_ms: list[float] = field(default_factory=list)
+
+
+class Engine:
+    """Owns lanes, the mask ring, the sidecar and the worker thread.
+
+    Args:
+        program: the model executor (forward + sampling on its device).
+        vocab: the model's token domain (registered with the sidecar).
+        eos_ids: ids that end generation.
+        sidecar: a :class:`Sidecar` (started lazily by :meth:`start`), or None
+            to run without constraint support.
+        ring: the mask ring (engine-owned, created by the caller).
+        spec_method: default speculative method; ``num_draft_tokens`` its K.
+    """
+
+    def __init__(self, program: Program, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
+                 spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0) -> None:
+        self.program = program
+        self.vocab = vocab
+        self.eos = frozenset(vocab.eos_ids)
+        self.sidecar = sidecar
+        self.ring = ring
+        self.max_lanes = program.max_lanes
+        self.spec_method = spec_method
+        self.num_draft_tokens = num_draft_tokens
+        self.draft_layers = draft_layers
+        self.stats = EngineStats()
+        self._waiting: "queue.Queue[Request]" = queue.Queue()
+        self._lanes: list[Request | None] = [None] * self.max_lanes
+        self._seq = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drafters: dict = {}
+        self._special = frozenset(vocab.special_ids)
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start the worker thread (and the sidecar, if any)."""
+        if self.sidecar is not None:
+            self.sidecar.start()
+        self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker, cancel resident requests, stop the sidecar, unlink the ring."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for r in list(self._lanes) + self._drain_waiting():
+            if r is not None and not r.finished:
+                self._finish(r, "cancelled")
+        if self.sidecar is not None:
+            self.sidecar.stop()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring.unlink()
+            self.ring = None
+
+    def _drain_waiting(self) -> list[Request]:
+        out = []
+        while True:
+            try:
+                out.append(self._waiting.get_nowait())
+            except queue.Empty:
+                return out
+
+    def submit(self, req: Request) -> None:
+        """Queue a prepared request (constraint already compiled by the caller)."""
+        self._waiting.put(req)
+        self._wake.set()
+
+    @property
+    def num_active(self) -> int:
+        """Requests resident in lanes."""
+        return sum(r is not None for r in self._lanes)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.step()
+            except Exception:  # noqa: BLE001 - an engine bug must not kill the server silently
+                log.exception("engine step failed; failing resident requests")
+                for r in self._lanes:
+                    if r is not None:
+                        self._finish(r, "error", error=RowError("EngineError", "engine step failed", "INTERNAL"))
+                worked = True
+            if not worked:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    # ------------------------------------------------------------------- step
+    def _admit(self) -> list[Request]:
+        new = []
+        for lane in range(self.max_lanes):
+            if self._lanes[lane] is not None:
+                continue
+            try:
+                r = self._waiting.get_nowait()
+            except queue.Empty:
+                break
+            if r.cancelled.is_set():
+                self._finish(r, "cancelled")
+                continue
+            r.lane = lane
+            r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
+            self._lanes[lane] = r
+            new.append(r)
+        return new
+
+    def step(self) -> bool:
+        """Run one engine step; returns False when there was nothing to do."""
+        self._admit()
+        for r in self._lanes:
+            if r is not None and r.cancelled.is_set():
+                self._finish(r, "cancelled")
+        rows = [r for r in self._lanes if r is not None]
+        if not rows:
+            return False
+        t0 = time.perf_counter()
+        with _tracer.start_as_current_span("engine.step") as span:
+            span.set_attribute("ninfer.batch_size", len(rows))
+            self._step_rows(rows)
+        self.stats.step_s += time.perf_counter() - t0
+        self.stats.steps += 1
+        return True
+
+    def _drafts_for(self, r: Request) -> list[int]:
+        """Draft tokens for a decode row (empty without speculation or on its first token)."""
+        if r.spec_method == "none" or r.num_draft_tokens <= 0 or not r.output_ids:
+            return []
+        budget = r.max_tokens - len(r.output_ids) - 1
+        room = self.program.max_seq_len - r.num_cached - 2
+        k = min(r.num_draft_tokens, budget, room)
+        if k <= 0:
+            return []
+        drafter = self._drafters.get(r.spec_method)
+        if drafter is None:
+            from .drafters import make_drafter
+
+            drafter = self._drafters[r.spec_method] = make_drafter(r.spec_method, self.program, self.draft_layers)
+        return drafter.propose(r, k)
+
+    def _step_rows(self, rows: list[Request]) -> None:
+        prog = self.program
+        # Drafts (speculation) for rows that are past their first token.
+        drafts: dict[int, list[int]] = {}
+        draft_q: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for r in rows:
+            d = self._drafts_for(r)
+            if d and isinstance(d, tuple):  # sampled drafter: (ids, (q_ids, q_probs))
+                d, q = d
+                draft_q[r.lane] = q
+            drafts[r.lane] = list(d)
+        constrained = [r for r in rows if r.constraint is not None]
+        seq = slot = -1
+        sent = False
+        if constrained:
+            self._seq += 1
+            seq = self._seq
+            slot = seq % self.ring.geometry.num_slots
+            try:
+                if self.sidecar is None:
+                    raise SidecarUnavailable("no sidecar")
+                self.sidecar.send_step(seq, slot, [
+                    StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained])
+                sent = True
+                for r in constrained:
+                    r.pending_commit = []
+            except SidecarUnavailable as e:
+                self._sidecar_lost(constrained, str(e))
+                constrained = []
+                rows = [r for r in rows if not r.finished]
+        # Forward (the sidecar computes masks meanwhile).
+        logits = prog.forward_rows(rows, drafts)  # [B, T, V] float32, T = 1 + max drafts
+        # Masks: wait only now.
+        words = status = None
+        enabled = None
+        if constrained and sent:
+            tw = time.perf_counter()
+            try:
+                results, _work = self.sidecar.recv_step(seq)
+            except SidecarUnavailable as e:
+                self._sidecar_lost(constrained, str(e))
+                results = None
+            wait = time.perf_counter() - tw
+            self.stats.sidecar_wait_s += wait
+            self.stats.per_step_wait_ms.append(wait * 1e3)
+            self.stats.constrained_steps += 1
+            if results is not None:
+                self.ring.check_slot(slot, seq)
+                by_id = {x.request_id: x for x in results}
+                for r in constrained:
+                    x = by_id.get(r.request_id)
+                    if x is None or x.status == "integrity":
+                        self._finish(r, "error", error=RowError(
+                            "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
+                    elif x.status == "dead_end" and not drafts.get(r.lane):
+                        self._finish(r, "error", error=RowError(
+                            "ConstraintDeadEnd", "the constraint allows no further token", "FAILED_PRECONDITION"))
+                lanes = [r.lane for r in rows]
+                words_np = self.ring.bitmask(slot)[lanes]  # [B, K+1, W] uint32 (copy: fancy indexing)
+                status_np = self.ring.status(slot)[lanes]  # [B, K+1] uint8
+                words = torch.from_numpy(words_np.view(np.int32))
+                status = torch.from_numpy(status_np)
+                enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
+                self.stats.mask_h2d_bytes += words_np.nbytes
+        live_idx = [i for i, r in enumerate(rows) if not r.finished]
+        if not live_idx:
+            return
+        if len(live_idx) != len(rows):
+            sel = torch.tensor(live_idx)
+            rows = [rows[i] for i in live_idx]
+            logits = logits.index_select(0, sel)
+            if words is not None:
+                words, status, enabled = words.index_select(0, sel), status.index_select(0, sel), enabled.index_select(0, sel)
+        out = prog.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
+        for i, r in enumerate(rows):
+            toks, err = out[i]
+            if err is not None:
+                self._finish(r, "error", error=err)
+                continue
+            nd = len(drafts.get(r.lane, []))
+            if nd:
+                r.draft_tokens += nd
+                r.accepted_draft_tokens += max(0, len(toks) - 1)
+                self.stats.draft_tokens += nd
+                self.stats.accepted_draft_tokens += max(0, len(toks) - 1)
+            self._commit(r, toks)
+
+    def _sidecar_lost(self, rows: list[Request], why: str) -> None:
+        log.error("constraint sidecar lost: %s", why)
+        for r in rows:
+            if not r.finished:
+                self._finish(r, "error", error=RowError(
+                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", "UNAVAILABLE"))
+        if self.sidecar is not None:
+            try:
+                self.sidecar.ensure_started()
+            except Exception as e:  # noqa: BLE001 - retried on the next constrained request
+                log.error("sidecar restart failed: %s", e)
+
+    # ----------------------------------------------------------------- commit
+    def _commit(self, r: Request, toks: list[int]) -> None:
+        """Append tokens (KV already written by the forward), stream text, finish on EOS/budget."""
+        prog = self.program
+        emitted: list[int] = []
+        stop = False
+        for t in toks:
+            r.output_ids.append(t)
+            emitted.append(t)
+            self.stats.tokens += 1
+            if r.constraint is not None:
+                r.pending_commit.append(t)
+            if t in self.eos:
+                stop = True
+                break
+            if len(r.output_ids) >= r.max_tokens:
+                break
+        text = r.detok.add(emitted)
+        if text or emitted:
+            r.events.put(Delta(text, emitted))
+        if stop:
+            self._finish(r, "stop")
+        elif len(r.output_ids) >= r.max_tokens or r.num_cached + 1 >= prog.max_seq_len:
+            self._finish(r, "length")
+
+    def _finish(self, r: Request, reason: str, error: RowError | None = None) -> None:
+        if r.finished:
+            return
+        r.finished = True
+        if 0 <= r.lane < self.max_lanes and self._lanes[r.lane] is r:
+            self._lanes[r.lane] = None
+        constraint = None
+        if r.constraint is not None:
+            constraint = {"kind": r.constraint.kind, "complete": False, "terminated": False, **r.constraint_info}
+            if self.sidecar is not None:
+                try:
+                    final = [] if reason in ("cancelled", "error") else list(r.pending_commit)
+                    complete, terminated, positions, cerr = self.sidecar.close(
+                        r.request_id, final, r.sidecar_generation)
+                    constraint.update(complete=complete, terminated=terminated, mask_positions=positions)
+                    if cerr and error is None:
+                        reason, error = "error", RowError("IntegrityError", cerr)
+                except RowError as e:
+                    if error is None and reason not in ("cancelled",):
+                        reason, error = "error", e
+        tail = r.detok.flush() if r.detok is not None else ""
+        if tail:
+            r.events.put(Delta(tail, []))
+        r.events.put(Finish(
+            finish_reason=reason, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.output_ids),
+            draft_tokens=r.draft_tokens, accepted_draft_tokens=r.accepted_draft_tokens, constraint=constraint,
+            error=None if error is None else {"code": error.code, "kind": error.kind, "message": error.message,
+                                               "location": ""}))
+        self.program.release_lane(r.lane)
+
+
+def ring_geometry(max_lanes: int, num_draft_tokens: int, vocab_size: int, num_slots: int = 2) -> RingGeometry:
+    """Ring geometry for the engine: ``max_lanes`` rows of ``K + 1`` positions of ``ceil(V/32)`` words."""
+    assert bitmask_words(vocab_size) > 0
+    return RingGeometry(num_slots=num_slots, num_lanes=max_lanes, num_positions=num_draft_tokens + 1,
+                        vocab_size=vocab_size)

@@ -1,0 +1,284 @@
+"""Llama-family decoder (Llama, Qwen2, Qwen3) with a static per-lane KV cache.
+
+A *lane* is a resident batch slot: each lane owns rows ``[:, lane]`` of the KV
+cache and holds one sequence. ``forward`` takes any set of lanes, each with its
+own start position, so prefill (one lane, long T), batched decode (B lanes,
+T=1) and speculative verification (B lanes, T=K+1) are the same call.
+
+Everything in ``forward`` has shapes fixed by ``(B, T, max_context)``: no
+``.item()``, no value-dependent Python branches, no value-dependent
+allocation, so the call can be captured in a CUDA graph per bucket.
+
+Weights come as a dict with Hugging Face names (``model.layers.0.self_attn.q_proj.weight``,
+…); q/k/v and gate/up projections are fused on load.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_engine.model.config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in float32 like Hugging Face.
+
+    Args:
+        x: ``[..., D]`` any float dtype.
+        weight: ``[D]`` same dtype as the model.
+    Returns:
+        ``[..., D]`` in ``x.dtype``.
+    """
+    dt = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dt)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies ``[head_dim // 2]`` float64 (Llama-3 scaling applied when configured)."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    rs = cfg.rope_scaling
+    if rs:
+        factor = rs["factor"]
+        lo, hi = rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        lo_wl, hi_wl = old / lo, old / hi
+        scaled = torch.where(wavelen > lo_wl, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= hi_wl) & (wavelen <= lo_wl)
+        inv = torch.where(is_mid, mid, scaled)
+    return inv
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def context_bucket(n: int, max_seq_len: int, granularity: int = 128) -> int:
+    """Smallest bucket ``>= n`` for the ``max_context`` argument of ``forward``.
+
+    Buckets are powers of two times ``granularity`` (128, 256, 512, …), capped at
+    ``max_seq_len``, so a handful of CUDA graphs cover every length.
+    """
+    b = granularity
+    while b < n:
+        b *= 2
+    return min(b, max_seq_len)
+
+
+class LlamaModel(nn.Module):
+    """Decoder-only transformer with a static KV cache.
+
+    Buffers:
+        k_cache, v_cache: ``[num_layers, max_lanes, num_kv_heads, max_seq_len, head_dim]``
+            in the model dtype, on the model device; allocated once.
+        rope_cos, rope_sin: ``[max_seq_len, head_dim]`` float32.
+    """
+
+    def __init__(self, config: ModelConfig, *, device: torch.device | str, dtype: torch.dtype,
+                 max_lanes: int, max_seq_len: int) -> None:
+        super().__init__()
+        c = self.config = config
+        self.max_lanes, self.max_seq_len = int(max_lanes), int(max_seq_len)
+        self.dtype, self.device = dtype, torch.device(device)
+        H, hd = c.hidden_size, c.head_dim
+        self.q_size, self.kv_size = c.num_heads * hd, c.num_kv_heads * hd
+        kw = dict(device=self.device, dtype=dtype)
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, **kw), requires_grad=False)
+
+        self.embed = param(c.vocab_size, H)
+        self.norm = param(H)
+        self.lm_head = self.embed if c.tie_word_embeddings else param(c.vocab_size, H)
+        self.layers = nn.ModuleList()
+        for _ in range(c.num_layers):
+            layer = nn.Module()
+            layer.attn_norm = param(H)
+            layer.qkv = param(self.q_size + 2 * self.kv_size, H)
+            layer.qkv_bias = param(self.q_size + 2 * self.kv_size) if c.attention_bias else None
+            layer.q_norm = param(hd) if c.qk_norm else None
+            layer.k_norm = param(hd) if c.qk_norm else None
+            layer.o = param(H, self.q_size)
+            layer.mlp_norm = param(H)
+            layer.gate_up = param(2 * c.intermediate_size, H)
+            layer.down = param(H, c.intermediate_size)
+            self.layers.append(layer)
+
+        cache_shape = (c.num_layers, self.max_lanes, c.num_kv_heads, self.max_seq_len, hd)
+        self.register_buffer("k_cache", torch.zeros(cache_shape, **kw), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(cache_shape, **kw), persistent=False)
+        inv = rope_inv_freq(c)
+        ang = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64), inv)
+        ang = torch.cat((ang, ang), dim=-1)
+        self.register_buffer("rope_cos", ang.cos().float().to(self.device), persistent=False)
+        self.register_buffer("rope_sin", ang.sin().float().to(self.device), persistent=False)
+        self._kv_head_offsets = torch.arange(c.num_kv_heads, device=self.device)
+
+    # ------------------------------------------------------------- weights
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face–named weights in (any dtype/device; cast and fused here).
+
+        Raises:
+            KeyError: a required weight is missing (message names it).
+            ValueError: a weight has the wrong shape.
+        """
+        c = self.config
+
+        def get(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"missing weight {name!r}")
+            return weights[name]
+
+        def put(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+            if tuple(dst.shape) != tuple(src.shape):
+                raise ValueError(f"weight {name}: expected shape {tuple(dst.shape)}, got {tuple(src.shape)}")
+            dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
+
+        put(self.embed, get("model.embed_tokens.weight"), "model.embed_tokens.weight")
+        put(self.norm, get("model.norm.weight"), "model.norm.weight")
+        if not c.tie_word_embeddings:
+            put(self.lm_head, get("lm_head.weight"), "lm_head.weight")
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            put(layer.attn_norm, get(p + "input_layernorm.weight"), p + "input_layernorm.weight")
+            put(layer.mlp_norm, get(p + "post_attention_layernorm.weight"), p + "post_attention_layernorm.weight")
+            qkv = torch.cat([get(a + n + "_proj.weight").to(self.dtype) for n in "qkv"], 0)
+            put(layer.qkv, qkv, a + "qkv_proj.weight")
+            if layer.qkv_bias is not None:
+                put(layer.qkv_bias, torch.cat([get(a + n + "_proj.bias").to(self.dtype) for n in "qkv"]), a + "bias")
+            if layer.q_norm is not None:
+                put(layer.q_norm, get(a + "q_norm.weight"), a + "q_norm.weight")
+                put(layer.k_norm, get(a + "k_norm.weight"), a + "k_norm.weight")
+            put(layer.o, get(a + "o_proj.weight"), a + "o_proj.weight")
+            m = p + "mlp."
+            gu = torch.cat([get(m + "gate_proj.weight").to(self.dtype), get(m + "up_proj.weight").to(self.dtype)], 0)
+            put(layer.gate_up, gu, m + "gate_up_proj.weight")
+            put(layer.down, get(m + "down_proj.weight"), m + "down_proj.weight")
+
+    @torch.no_grad()
+    def init_random(self, seed: int = 0, std: float = 0.02) -> None:
+        """Fill every weight with N(0, std) (norms with 1) — for throughput benchmarks only."""
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=g)
+
+    def reset_cache(self) -> None:
+        """Zero the whole KV cache (never needed for correctness: unwritten positions are masked)."""
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+
+    # ------------------------------------------------------------- forward
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, lanes: torch.Tensor, start_pos: torch.Tensor,
+                num_layers: int | None = None, max_context: int | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Run ``T`` new tokens for each of ``B`` lanes, writing their KV.
+
+        Token ``t`` of row ``b`` sits at position ``start_pos[b] + t`` of lane
+        ``lanes[b]``; it attends to positions ``<= start_pos[b] + t`` of that lane
+        only (earlier positions must have been written by earlier calls).
+
+        Args:
+            input_ids: ``[B, T]`` int64 token ids, model device.
+            lanes: ``[B]`` int64 lane indices in ``[0, max_lanes)``, distinct, model device.
+            start_pos: ``[B]`` int64 position of each row's first new token, model device;
+                ``start_pos + T <= max_context`` is required (not checked: no sync).
+            num_layers: run only the first ``num_layers`` blocks, then the final norm
+                and LM head (self-speculative early-exit drafting). KV written for those
+                layers equals what the full model writes. ``None`` = all layers.
+            max_context: attention span in positions (a bucket from
+                :func:`context_bucket`); ``None`` = ``max_seq_len``. Smaller is faster.
+            last_only: return logits of the last position only (``T`` becomes 1 in
+                the output) — for prefill.
+
+        Returns:
+            ``[B, T, V]`` float32 logits (``[B, 1, V]`` when ``last_only``), model device.
+        """
+        c = self.config
+        B, T = input_ids.shape
+        S = self.max_seq_len
+        ctx = S if max_context is None else int(max_context)
+        L = c.num_layers if num_layers is None else int(num_layers)
+        hd, nh, nkv = c.head_dim, c.num_heads, c.num_kv_heads
+
+        pos = start_pos[:, None] + torch.arange(T, device=input_ids.device)          # [B, T]
+        cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                      # [B, T, 1, hd]
+        sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
+        # flat row of (lane, kv_head, pos) in a layer's cache viewed as [max_lanes*nkv*S, hd]
+        write_idx = ((lanes[:, None, None] * nkv + self._kv_head_offsets[None, :, None]) * S
+                     + pos[:, None, :]).reshape(-1)                                  # [B*nkv*T]
+        key_pos = torch.arange(ctx, device=input_ids.device)
+        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]                  # [B, 1, T, ctx] bool
+
+        x = F.embedding(input_ids, self.embed)                                       # [B, T, H]
+        for li in range(L):
+            layer = self.layers[li]
+            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(B, T, nh, hd)
+            k = k.view(B, T, nkv, hd)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            q = q.transpose(1, 2)                                                    # [B, nh, T, hd]
+            kc = self.k_cache[li]                                                    # [lanes, nkv, S, hd]
+            vc = self.v_cache[li]
+            kc.view(-1, hd).index_copy_(0, write_idx, k.transpose(1, 2).reshape(-1, hd))
+            vc.view(-1, hd).index_copy_(0, write_idx, v.view(B, T, nkv, hd).transpose(1, 2).reshape(-1, hd))
+            keys = kc[lanes, :, :ctx]                                                # [B, nkv, ctx, hd]
+            vals = vc[lanes, :, :ctx]
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
+            o = o.transpose(1, 2).reshape(B, T, self.q_size)
+            x = x + F.linear(o, layer.o)
+            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        if last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, self.norm, c.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+
+def build_model(config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                max_lanes: int = 8, max_seq_len: int = 2048,
+                weights: None | str | dict[str, torch.Tensor] = None, seed: int = 0) -> LlamaModel:
+    """Allocate a :class:`LlamaModel` and its KV cache.
+
+    Args:
+        weights: ``None`` (uninitialised, load later with ``load_weights``),
+            ``"random"`` (N(0, 0.02), for benchmarks — say so in every figure), or
+            a dict of Hugging Face–named tensors.
+
+    Raises:
+        ValueError: ``max_seq_len`` or ``max_lanes`` not positive, or a weights
+            string other than ``"random"``.
+    """
+    if max_lanes <= 0 or max_seq_len <= 0:
+        raise ValueError(f"max_lanes and max_seq_len must be positive, got {max_lanes}, {max_seq_len}")
+    model = LlamaModel(config, device=device, dtype=dtype, max_lanes=max_lanes, max_seq_len=max_seq_len)
+    if isinstance(weights, str):
+        if weights != "random":
+            raise ValueError(f"weights must be None, 'random' or a dict, got {weights!r}")
+        model.init_random(seed)
+    elif weights is not None:
+        model.load_weights(weights)
+    return model.eval()

@@ -1,0 +1,164 @@
+"""Program: model forward, KV bookkeeping and masked sampling on the engine's device.
+
+The engine hands the Program this step's rows; the Program runs the
+forward (prefill rows one by one, decode/verify rows batched), and later
+samples every row with its bitmask (seed 000 §sampling: penalties → mask →
+top-k → temperature → min-p → top-p → draw). One host read-back per step.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .errors import RowError
+from .request import Request
+from .sampling import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
+
+log = logging.getLogger("ninfer.program")
+
+PREFILL_CHUNK = 512  # tokens per prefill forward (bounds activation memory)
+
+
+def _row_error(code: int) -> RowError:
+    if code == SAMPLE_ERR_EMPTY_MASK:
+        return RowError("ConstraintDeadEnd", "the constraint allows no token at this position", "FAILED_PRECONDITION")
+    if code == SAMPLE_ERR_NONFINITE:
+        return RowError("NonFiniteLogits", "the model produced non-finite logits", "INTERNAL")
+    return RowError("SamplingError", f"sampling error code {code}", "INTERNAL")
+
+
+class Program:
+    """Executes forward passes and sampling for the engine.
+
+    Args:
+        model: a :class:`gpu_engine.model.llama.LlamaModel` (owns the KV cache).
+        vocab_size: V, the logits width.
+        device: the model's device.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = device
+        self.max_lanes = model.max_lanes
+        self.max_seq_len = model.max_seq_len
+
+    def release_lane(self, lane: int) -> None:
+        """Forget a lane's KV (nothing to do: positions are overwritten by the next owner)."""
+
+    def _bucket(self, n: int) -> int:
+        from .model.llama import context_bucket
+
+        return context_bucket(n, self.max_seq_len)
+
+    @torch.inference_mode()
+    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]]) -> torch.Tensor:
+        """Forward this step's rows.
+
+        Prefill rows (nothing cached yet) run their prompt; decode rows run
+        ``[last token] + drafts``. Sets ``r.num_cached`` for prefill rows.
+
+        Returns:
+            ``[B, T, V]`` float32 logits on the device, ``T = 1 + max(len(drafts))``;
+            prefill rows fill position 0 only (the prompt's last position).
+        """
+        T = 1 + max((len(drafts.get(r.lane, [])) for r in rows), default=0)
+        out = torch.empty(len(rows), T, self.vocab_size, dtype=torch.float32, device=self.device)
+        dec_idx, dec_rows = [], []
+        for i, r in enumerate(rows):
+            if r.num_cached == 0 and not r.output_ids:
+                out[i, 0] = self._prefill(r)
+            else:
+                dec_idx.append(i)
+                dec_rows.append(r)
+        if dec_rows:
+            ids = torch.zeros(len(dec_rows), T, dtype=torch.int64)
+            for j, r in enumerate(dec_rows):
+                seq = [r.output_ids[-1]] + drafts.get(r.lane, [])
+                ids[j, : len(seq)] = torch.tensor(seq)
+            lanes = torch.tensor([r.lane for r in dec_rows], dtype=torch.int64)
+            start = torch.tensor([r.num_cached for r in dec_rows], dtype=torch.int64)
+            ctx = self._bucket(max(r.num_cached for r in dec_rows) + T)
+            logits = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
+                                        max_context=ctx)
+            out[torch.tensor(dec_idx, device=self.device)] = logits.float()
+        return out
+
+    def _prefill(self, r: Request) -> torch.Tensor:
+        ids = r.prompt_ids
+        lane = torch.tensor([r.lane], dtype=torch.int64, device=self.device)
+        last = None
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            chunk = torch.tensor([ids[s: s + PREFILL_CHUNK]], dtype=torch.int64, device=self.device)
+            start = torch.tensor([s], dtype=torch.int64, device=self.device)
+            last = self.model.forward(chunk, lane, start, max_context=self._bucket(s + chunk.shape[1]),
+                                      last_only=True)
+        r.num_cached = len(ids)
+        return last[0, -1].float()
+
+    def sampling_tensors(self, rows: list[Request]) -> SamplingTensors:
+        """Per-row sampling parameters as device tensors (``[B]`` each)."""
+        sp = [r.sampling for r in rows]
+        counts = None
+        if any(s.presence_penalty or s.frequency_penalty for s in sp):
+            counts = torch.zeros(len(rows), self.vocab_size, dtype=torch.int32)
+            for i, r in enumerate(rows):
+                if r.output_ids:
+                    counts[i].index_add_(0, torch.tensor(r.output_ids), torch.ones(len(r.output_ids), dtype=torch.int32))
+        return SamplingTensors.make(
+            len(rows), temperature=[s.temperature for s in sp], top_k=[s.top_k for s in sp],
+            top_p=[s.top_p for s in sp], min_p=[s.min_p for s in sp],
+            presence_penalty=[s.presence_penalty for s in sp], frequency_penalty=[s.frequency_penalty for s in sp],
+            seed=[s.seed for s in sp], output_counts=counts, device=self.device)
+
+    @torch.inference_mode()
+    def sample_rows(self, rows: list[Request], logits: torch.Tensor, drafts: dict[int, list[int]],
+                    draft_q: dict, words: torch.Tensor | None, status: torch.Tensor | None,
+                    enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+        """Sample (or verify drafts for) every row.
+
+        Args:
+            logits: ``[B, T, V]`` float32 from :meth:`forward_rows`.
+            words: ``[B, K+1, W]`` int32 bitmask (CPU, from the ring) or None for a pure
+                unconstrained step.
+            status: ``[B, K+1]`` uint8 per-position statuses or None.
+            enabled: ``[B]`` bool, rows whose mask applies.
+
+        Returns:
+            Per row: the committed tokens of this step and an error (or None).
+            Updates ``r.num_cached`` for decode rows (input token + accepted drafts).
+        """
+        st = self.sampling_tensors(rows)
+        if any(drafts.get(r.lane) for r in rows):
+            from .spec_step import verify_rows
+
+            return verify_rows(self, rows, logits, drafts, draft_q, words, status, enabled, st)
+        w0 = None if words is None else words[:, 0].to(self.device, non_blocking=True)
+        en = None if enabled is None else enabled.to(self.device, non_blocking=True)
+        positions = torch.tensor([len(r.output_ids) for r in rows], dtype=torch.int64, device=self.device)
+        tokens, err = sample(logits[:, 0], st, w0, en, positions)
+        tokens, err = tokens.tolist(), err.tolist()
+        out = []
+        for r, t, e in zip(rows, tokens, err):
+            if r.output_ids:  # decode row: its input token is now in the KV cache
+                r.num_cached += 1
+            out.append(([], _row_error(e)) if e else ([int(t)], None))
+        return out
+
+
+def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
+    """The Program for a loaded model: CUDA (graphs, cuda-python events, pinned ring) or eager CPU.
+
+    Args:
+        loaded: a :class:`gpu_engine.model.loader.LoadedModel`.
+        ring: the engine's :class:`shared_memory.ring.MaskRing` (registered as
+            pinned host memory on CUDA).
+        cuda_graphs: ``"auto"`` (on when CUDA), ``"on"`` or ``"off"``.
+    """
+    dev = torch.device(loaded.device) if not isinstance(loaded.device, torch.device) else loaded.device
+    if dev.type == "cuda":
+        from .cuda_program import CudaProgram
+
+        return CudaProgram(loaded.model, loaded.vocab.vocab_size, dev, ring, use_graphs=cuda_graphs != "off")
+    return Program(loaded.model, loaded.vocab.vocab_size, dev)

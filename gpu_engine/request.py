@@ -1,0 +1,102 @@
+"""A generation request as the engine tracks it (plain Python, no protobuf)."""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingOptions:
+    """Per-request sampling parameters (validated by the server).
+
+    Attributes:
+        temperature: softmax temperature; 0 = greedy.
+        top_k: keep the k most likely legal tokens; 0 = off.
+        top_p: nucleus mass in (0, 1]; 1 = off.
+        min_p: relative probability floor in [0, 1); 0 = off.
+        seed: 63-bit random seed; draws depend on (seed, output position) only.
+        presence_penalty: additive penalty per distinct generated token.
+        frequency_penalty: additive penalty per generated occurrence.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclass
+class ConstraintRef:
+    """The request's body constraint as sent to the sidecar."""
+
+    kind: str
+    source: str = ""
+    choices: tuple[str, ...] = ()
+    prefix: bytes = b""
+
+
+@dataclass
+class Finish:
+    """Terminal state of a request (published as the stream's last message)."""
+
+    finish_reason: str  # "stop" | "length" | "error" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    constraint: dict[str, Any] | None = None
+    error: dict[str, str] | None = None
+
+
+@dataclass
+class Delta:
+    """Streamed output: new text (complete UTF-8) and the token ids behind it."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Request:
+    """Engine-side state of one request.
+
+    Attributes:
+        request_id: unique id (logs, traces, sidecar session key).
+        prompt_ids: rendered prompt token ids.
+        max_tokens: generation budget in tokens.
+        sampling: sampling parameters.
+        constraint: body constraint, or None.
+        spec_method: speculative method for this request ("none", "ngram", "early-exit", "early-exit-sampled").
+        num_draft_tokens: K for this request (<= the engine's ring K).
+        events: queue of :class:`Delta` / :class:`Finish` for the servicer.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingOptions
+    constraint: ConstraintRef | None = None
+    spec_method: str = "none"
+    num_draft_tokens: int = 0
+    events: "queue.Queue[Delta | Finish]" = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # set by the engine
+    lane: int = -1
+    num_cached: int = 0  # tokens whose KV is in the lane
+    output_ids: list[int] = field(default_factory=list)
+    pending_commit: list[int] = field(default_factory=list)  # committed here, not yet confirmed to the sidecar
+    constraint_info: dict[str, Any] = field(default_factory=dict)
+    sidecar_generation: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    finished: bool = False
+    detok: Any = None  # IncrementalDetokenizer, set at admission
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this request (takes effect at the next step)."""
+        self.cancelled.set()

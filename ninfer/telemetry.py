@@ -1,0 +1,89 @@
+"""OpenTelemetry set-up shared by the engine, the sidecar and the client.
+
+Tracing is always wired (one server interceptor per gRPC service, spans per
+RPC and per engine step, context propagated in gRPC metadata); spans are
+exported only when configured:
+
+* ``OTEL_EXPORTER_OTLP_ENDPOINT`` set → OTLP/gRPC exporter (Jaeger, Tempo, …);
+* ``NINFER_TRACE_CONSOLE=1`` → spans printed to stderr;
+* otherwise spans are created and dropped (near-zero cost).
+
+Where the OpenTelemetry packages are not installed (e.g. the bare GPU box),
+every helper degrades to a no-op.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from typing import Any
+
+_configured = False
+
+
+def setup_tracing(service_name: str) -> None:
+    """Install a global TracerProvider for ``service_name`` (idempotent)."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError:
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        except ImportError:
+            pass
+    if os.environ.get("NINFER_TRACE_CONSOLE") == "1":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    trace.set_tracer_provider(provider)
+
+
+def get_tracer(name: str) -> Any:
+    """A tracer, or a no-op stand-in whose ``start_as_current_span`` is a null context."""
+    try:
+        from opentelemetry import trace
+
+        return trace.get_tracer(name)
+    except ImportError:
+        return _NoopTracer()
+
+
+class _NoopTracer:
+    def start_as_current_span(self, *_a: Any, **_k: Any) -> Any:
+        return nullcontext(_NoopSpan())
+
+
+class _NoopSpan:
+    def set_attribute(self, *_a: Any) -> None:
+        pass
+
+    def record_exception(self, *_a: Any) -> None:
+        pass
+
+
+def server_interceptors() -> list[Any]:
+    """gRPC server interceptors that open a span per RPC (empty if unavailable)."""
+    try:
+        from opentelemetry.instrumentation.grpc import server_interceptor
+
+        return [server_interceptor()]
+    except ImportError:
+        return []
+
+
+def client_interceptors() -> list[Any]:
+    """gRPC client interceptors that propagate trace context (empty if unavailable)."""
+    try:
+        from opentelemetry.instrumentation.grpc import client_interceptor
+
+        return [client_interceptor()]
+    except ImportError:
+        return []
