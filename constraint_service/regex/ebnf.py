@@ -22,6 +22,10 @@ def _cp(c: int) -> str:
 
 
 def class_text(ranges) -> str:
+    if tuple(ranges) == ((0, 0),):
+        # xgrammar 0.2.9 Grammar.from_ebnf turns a one-char class [\u0000] into the empty
+        # literal "" (NUL-terminated string); a duplicated member keeps it a class.
+        return "[\\u0000\\u0000]"
     parts = []
     for lo, hi in ranges:
         parts.append(_cp(lo) if lo == hi else _cp(lo) + "-" + _cp(hi))

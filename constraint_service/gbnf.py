@@ -1,0 +1,229 @@
+"""GBNF validation (seed 000 §GBNF; issue 3 "The five body constraints").
+
+The accepted language is xgrammar 0.2.9's EBNF/GBNF with entry rule ``root``:
+literals, character classes, sequences, alternation, ``* + ? {m,n}``
+repetition, recursion, ``Token(id, ...)`` / ``ExcludeToken(id, ...)``
+terminals and ``(= ...)`` lookahead annotations (upstream meaning: a hint
+describing what may follow a rule; the language is defined by the rule
+bodies).  Rejected before compiling, each with a location where one exists:
+
+* syntax errors -> ``InvalidGrammar`` with ``line:col`` (1-based, characters);
+* no ``root`` rule -> ``InvalidGrammar`` "missing entry rule";
+* upstream constructors ``TagDispatch``, ``TokenTagDispatch``, ``Regex``,
+  ``Substring`` -> ``InvalidGrammar``;
+* rule attributes (``root[temperature=0.5]``, ``max_tokens``, ``max_chars``,
+  ``capture``, ``stop_capture``): they change sampling or budgets, which
+  NInfer's own contracts own -> ``InvalidGrammar``;
+* NUL in a string literal (``"\\x00"``; xgrammar 0.2.9 silently truncates the
+  literal there -- write ``[\\x00]`` instead) -> ``InvalidGrammar``;
+* ``Token``/``ExcludeToken`` ids outside the tokenizer, EOS, special/control
+  ids or empty tokens -> ``InvalidTokenReference``.
+
+Detection uses xgrammar's parsed structure (``Grammar.serialize_json``,
+format ``v18``); locations come from a small lexer over the source.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import xgrammar as xgr
+
+from .backend import XGrammarBackend
+from .errors import ConstraintError
+from .vocab import Vocabulary
+
+__all__ = ["FORBIDDEN_CONSTRUCTORS", "parse_gbnf"]
+
+#: xgrammar 0.2.9 GrammarExpr type codes (serialize_json "grammar_expr_data").
+_EXPR_TAG_DISPATCH = 7
+_EXPR_TOKEN = 9
+_EXPR_EXCLUDE_TOKEN = 10
+_EXPR_TOKEN_TAG_DISPATCH = 11
+_EXPR_REGEX = 12
+_EXPR_SUBSTRING = 13
+_SERIAL_VERSION = "v18"
+
+FORBIDDEN_CONSTRUCTORS = {
+    _EXPR_TAG_DISPATCH: "TagDispatch",
+    _EXPR_TOKEN_TAG_DISPATCH: "TokenTagDispatch",
+    _EXPR_REGEX: "Regex",
+    _EXPR_SUBSTRING: "Substring",
+}
+
+_IDENT_START = re.compile(r"[A-Za-z_]")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.]*")
+_NUL_ESCAPE = re.compile(r"\\(x0{2}|u0{4}|U0{8})")
+
+
+@dataclass
+class _Call:
+    name: str
+    line: int
+    col: int
+    args: list  # [(int_value, line, col)]
+
+
+@dataclass
+class _Scan:
+    calls: list
+    nul_literals: list  # [(line, col)]
+    raw_nul: list
+
+
+def _scan(source: str) -> _Scan:
+    """Lex ``source`` enough to locate macro calls and NUL literals."""
+    calls, nuls, raw_nul = [], [], []
+    i, n, line, col = 0, len(source), 1, 1
+
+    def adv(k: int) -> None:
+        nonlocal i, line, col
+        for _ in range(k):
+            if i < n and source[i] == "\n":
+                line, col = line + 1, 1
+            else:
+                col += 1
+            i += 1
+
+    while i < n:
+        c = source[i]
+        if c == "\x00":
+            raw_nul.append((line, col))
+            adv(1)
+        elif c == "#":
+            while i < n and source[i] != "\n":
+                adv(1)
+        elif c == '"' or c == "[":
+            close = '"' if c == '"' else "]"
+            start = (line, col)
+            adv(1)
+            while i < n and source[i] != close and source[i] != "\n":
+                if source[i] == "\\":
+                    if c == '"' and _NUL_ESCAPE.match(source, i):
+                        nuls.append(start)
+                    adv(2)
+                else:
+                    adv(1)
+            adv(1)
+        elif _IDENT_START.match(c):
+            m = _IDENT.match(source, i)
+            name, sline, scol = m.group(0), line, col
+            adv(len(name))
+            j = i
+            while j < n and source[j] in " \t":
+                j += 1
+            if j < n and source[j] == "(":
+                call = _Call(name, sline, scol, [])
+                calls.append(call)
+                if name in ("Token", "ExcludeToken"):
+                    adv(j - i + 1)
+                    while i < n and source[i] != ")":
+                        if source[i].isdigit():
+                            d = re.match(r"\d+", source[i:]).group(0)
+                            call.args.append((int(d), line, col))
+                            adv(len(d))
+                        else:
+                            adv(1)
+        else:
+            adv(1)
+    return _Scan(calls, nuls, raw_nul)
+
+
+def _check_token_id(tid: int, vocab: Vocabulary) -> str:
+    """Return "" if ``tid`` is a usable visible terminal, else the reason."""
+    n = len(vocab.token_bytes)
+    if not 0 <= tid < n:
+        return f"token id {tid} is outside the tokenizer's ids [0, {n})"
+    if tid in vocab.eos_ids:
+        return f"token id {tid} is EOS; EOS is owned by the completion rule, not a visible terminal"
+    if tid in vocab.special_ids:
+        return f"token id {tid} is a special/control token, not ordinary text"
+    if not vocab.token_bytes[tid]:
+        return f"token id {tid} has no bytes"
+    return ""
+
+
+def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
+    """Validate GBNF text against the contract and the vocabulary; return the parsed grammar.
+
+    Args:
+        source: GBNF/EBNF text with entry rule ``root``.
+        vocab: the model vocabulary (for ``Token``/``ExcludeToken`` checks).
+
+    Returns:
+        The xgrammar ``Grammar`` (not yet compiled).
+
+    Raises:
+        ConstraintError: ``InvalidGrammar`` or ``InvalidTokenReference`` (see module doc).
+    """
+    scan = _scan(source)
+    if scan.raw_nul:
+        line, col = scan.raw_nul[0]
+        raise ConstraintError("InvalidGrammar", "NUL character in grammar text", f"{line}:{col}")
+    grammar = XGrammarBackend.parse_ebnf(source, kind="InvalidGrammar")
+    data = json.loads(grammar.serialize_json())
+    if data.get("__VERSION__") != _SERIAL_VERSION:  # pragma: no cover - pinned xgrammar
+        raise RuntimeError(f"unexpected xgrammar grammar serialisation {data.get('__VERSION__')!r}")
+
+    # Rule attributes: [name, body, lookahead, exact_lookahead, max_tokens, max_chars,
+    #                   capture_name, <flag>, temperature]
+    for rule in data["rules"]:
+        name = rule[0]
+        if rule[4] != -1 or rule[5] != -1 or rule[6] or rule[7] or rule[8] is not None:
+            m = re.search(r"^[ \t]*" + re.escape(name) + r"[ \t]*\[", source, re.M)
+            loc = ""
+            if m:
+                line = source.count("\n", 0, m.start()) + 1
+                col = m.start() - (source.rfind("\n", 0, m.start()) + 1) + 1
+                loc = f"{line}:{col}"
+            raise ConstraintError(
+                "InvalidGrammar",
+                f'rule attributes are not supported (rule "{name}"); sampling and budgets '
+                "are set by request options",
+                loc,
+            )
+    if data.get("suffix_stop_infos"):
+        raise ConstraintError("InvalidGrammar", "rule attributes are not supported (stop_capture)", "")
+
+    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs_data)]
+    token_ids: list[int] = []
+    for k in range(len(indptr)):
+        expr = exprs_data[bounds[k]: bounds[k + 1]]
+        if not expr:
+            continue
+        etype = expr[0]
+        if etype in FORBIDDEN_CONSTRUCTORS:
+            cname = FORBIDDEN_CONSTRUCTORS[etype]
+            site = next((c for c in scan.calls if c.name == cname), None)
+            raise ConstraintError(
+                "InvalidGrammar",
+                f"{cname}(...) is not available in NInfer grammars "
+                "(supported: literals, classes, sequences, alternation, repetition, recursion, "
+                "Token, ExcludeToken, (= ...) lookahead)",
+                f"{site.line}:{site.col}" if site else "",
+            )
+        if etype in (_EXPR_TOKEN, _EXPR_EXCLUDE_TOKEN):
+            token_ids.extend(expr[2: 2 + expr[1]])
+
+    for call in scan.calls:  # source order, with locations
+        if call.name in ("Token", "ExcludeToken"):
+            for tid, line, col in call.args:
+                why = _check_token_id(tid, vocab)
+                if why:
+                    raise ConstraintError("InvalidTokenReference", f"{call.name}: {why}", f"{line}:{col}")
+    for tid in token_ids:  # belt and braces: whatever the lexer missed
+        why = _check_token_id(tid, vocab)
+        if why:
+            raise ConstraintError("InvalidTokenReference", why, "")
+
+    if scan.nul_literals:
+        line, col = scan.nul_literals[0]
+        raise ConstraintError(
+            "InvalidGrammar",
+            'NUL (\\x00) inside a string literal is not supported; use the class [\\x00]',
+            f"{line}:{col}",
+        )
+    return grammar

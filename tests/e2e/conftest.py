@@ -1,0 +1,99 @@
+"""End-to-end fixtures: the real stack (engine + sidecar processes, gRPC, shared-memory ring, real model)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = Path(os.environ.get("NINFER_CACHE_DIR", Path.home() / ".cache" / "ninfer" / "models")) / \
+    "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shm_segments(port: int) -> list[str]:
+    """Names of /dev/shm segments belonging to the stack on ``port``."""
+    return sorted(p.name for p in Path("/dev/shm").glob(f"ninfer-{port}*"))
+
+
+class Stack:
+    """A running ``python -m gpu_engine`` (which starts its sidecar)."""
+
+    def __init__(self, port: int, extra: list[str] | None = None) -> None:
+        self.port = port
+        self.extra = list(extra or [])
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 600.0) -> None:
+        cmd = [sys.executable, "-m", "gpu_engine", "--port", str(self.port), "--device", "cpu",
+               "--max-lanes", "8", "--max-seq-len", "1024", "--log-level", "WARNING", *self.extra]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip())
+                if "ready" in line:
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("stack did not become ready:\n" + "\n".join(self.lines[-40:]))
+
+    def sidecar_pid(self) -> int:
+        """PID of the sidecar child process."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "constraint_service"], capture_output=True,
+                             text=True).stdout.split()
+        assert out, "no sidecar child process found"
+        return int(out[0])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def stack():
+    if not MODEL.exists():
+        pytest.skip(f"default model not fetched ({MODEL}); run `make setup` first")
+    s = Stack(free_port())
+    s.start()
+    yield s
+    s.stop()
+    assert not shm_segments(s.port), f"shared-memory segments left behind: {shm_segments(s.port)}"
+
+
+@pytest.fixture()
+def client(stack):
+    from clients.client import NInferClient
+
+    with NInferClient(stack.target) as c:
+        yield c

@@ -1,0 +1,86 @@
+"""End-to-end: concurrent constrained + unconstrained requests on the real stack and real model."""
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import pytest
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+# A finite GBNF language the test enumerates independently.
+GBNF = 'root ::= "status=" ("ok" | "error" | "retry") ", code=" [0-9] "\\n"'
+GBNF_LANGUAGE = {f"status={s}, code={d}\n" for s in ("ok", "error", "retry") for d in "0123456789"}
+REGEX = r"[A-Z]{2}-\d{3}"
+CHOICES = ["red", "green", "blue", "blue-green"]
+UNCONSTRAINED_PROMPT = "Write one sentence about the sea."
+
+
+def run_all(client, jobs):
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        futs = {name: ex.submit(lambda kw=kw: client.generate_text(**kw)) for name, kw in jobs.items()}
+        return {name: f.result(timeout=600) for name, f in futs.items()}
+
+
+def test_concurrent_constraints_and_unconstrained_neighbour(client):
+    chat = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    jobs = {
+        "schema": dict(messages=chat("Give a person as JSON"), constraint={"json_schema": json.dumps(PERSON)},
+                       max_tokens=64, temperature=0.7, seed=1),
+        "gbnf": dict(messages=chat("Report a status"), constraint={"grammar": GBNF}, max_tokens=32, temperature=1.0,
+                     seed=2),
+        "regex": dict(messages=chat("Give a product code"), constraint={"regex": REGEX}, max_tokens=32,
+                      temperature=1.0, seed=3),
+        "choice": dict(messages=chat("Pick a colour"), constraint={"choice": CHOICES}, max_tokens=16, temperature=1.0,
+                       seed=4),
+        "free": dict(messages=chat(UNCONSTRAINED_PROMPT), max_tokens=24, temperature=0.0, seed=5),
+    }
+    res = run_all(client, jobs)
+    for name, r in res.items():
+        assert r.error is None, (name, r.error)
+    s = res["schema"]
+    assert s.finish_reason == "stop", s
+    jsonschema.validate(json.loads(s.text), PERSON)
+    assert s.constraint["complete"] and s.constraint["terminated"]
+    assert res["gbnf"].text in GBNF_LANGUAGE, res["gbnf"].text
+    assert re.fullmatch(REGEX, res["regex"].text), res["regex"].text
+    assert res["choice"].text in CHOICES, res["choice"].text
+    for name in ("gbnf", "regex", "choice"):
+        assert res[name].finish_reason == "stop" and res[name].constraint["terminated"], (name, res[name])
+    free = res["free"]
+    assert free.constraint is None and free.finish_reason in ("stop", "length")
+    # The unconstrained request is untouched by its neighbours' masks: alone, it gives the same greedy text.
+    alone = client.generate_text(**jobs["free"])
+    assert alone.text == free.text
+
+
+def test_raw_prompt_with_grammar_and_length_finish(client):
+    r = client.generate_text(prompt="Numbers:", constraint={"grammar": "root ::= [0-9]+"}, max_tokens=5,
+                             temperature=1.0, seed=11)
+    assert r.error is None
+    assert re.fullmatch(r"[0-9]+", r.text), r.text
+    if r.finish_reason == "length":
+        # "allowed to end" != "must end": complete may be true but the reason stays length.
+        assert r.constraint["complete"] is True and r.constraint["terminated"] is False
+    else:
+        assert r.finish_reason == "stop" and r.constraint["terminated"]
+
+
+def test_count_tokens(client):
+    n = client.count_tokens(prompt="hello world")
+    assert n >= 2
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_json_object_is_an_object(client, seed):
+    r = client.generate_text(messages=[{"role": "user", "content": "Describe a cat as JSON."}],
+                             constraint={"json_object": True}, max_tokens=96, temperature=0.8, seed=seed)
+    assert r.error is None
+    if r.finish_reason == "stop":
+        assert isinstance(json.loads(r.text), dict)
