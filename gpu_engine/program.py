@@ -156,7 +156,7 @@ def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
             pinned host memory on CUDA).
         cuda_graphs: ``"auto"`` (on when CUDA), ``"on"`` or ``"off"``.
     """
-    dev = torch.device(loaded.device) if not isinstance(loaded.device, torch.device) else loaded.device
+    dev = loaded.model.device
     if dev.type == "cuda":
         from .cuda_program import CudaProgram
 

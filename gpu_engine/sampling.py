@@ -223,7 +223,7 @@ def target_probs(
     p = _renorm(torch.where(p >= st.min_p.unsqueeze(-1) * p[:, :1], p, 0.0))
     # top-p: keep the shortest rank prefix whose mass reaches top_p (rank 0 always).
     mass_before = torch.cumsum(p, dim=-1) - p
-    keep_p = (mass_before < st.top_p.unsqueeze(-1)) | (st.top_p >= 1).unsqueeze(-1) | (rank == 0)
+    keep_p = (torch.cumsum(p, dim=-1) < st.top_p.unsqueeze(-1)) | (st.top_p >= 1).unsqueeze(-1) | (rank == 0)
     p = _renorm(torch.where(keep_p, p, 0.0))
     p = torch.where(greedy.unsqueeze(-1), (rank == 0).to(p.dtype), p)
     p = torch.where(bad.unsqueeze(-1), 0.0, p)

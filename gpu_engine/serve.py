@@ -70,7 +70,7 @@ def build_stack(args: argparse.Namespace):
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
                     num_draft_tokens=k, draft_layers=args.draft_layers)
-    frontend = Frontend(loaded.tokenizer, loaded.chat_renderer)
+    frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
 
 
@@ -110,7 +110,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     server.start()
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     hs.set("ninfer.v1.Generation", health_pb2.HealthCheckResponse.SERVING)
-    print(f"ninfer ready on {args.host}:{port} (model {loaded.name}, device {loaded.device}, "
+    print(f"ninfer ready on {args.host}:{port} (model {loaded.source}, device {engine.program.device}, "
           f"lanes {args.max_lanes})", flush=True)
     try:
         stop.wait()

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
-from ninfer.telemetry import client_interceptors
+from ninfer.telemetry import instrument_channel
 
 from .errors import RequestError, RowError
 from .model.vocab import TokenVocabulary
@@ -136,7 +136,7 @@ class Sidecar:
             self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
             channel = grpc.insecure_channel(f"unix://{self.socket_path}",
                                             options=[("grpc.max_send_message_length", 64 << 20)])
-            channel = grpc.intercept_channel(channel, *client_interceptors())
+            channel = instrument_channel(channel)
             deadline = time.monotonic() + self.startup_timeout_s
             health = health_pb2_grpc.HealthStub(channel)
             while True:

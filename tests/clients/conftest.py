@@ -94,13 +94,17 @@ class FakeGeneration(pb_grpc.GenerationServicer):
             )
 
         if text == "slow":
-            n = 0
-            while context.is_active() and n < 200:
+            # The server stops iterating this generator once the client cancels,
+            # so record the cancellation from the termination callback.
+            done = threading.Event()
+            context.add_callback(lambda: None if done.is_set() else self.cancelled.set())
+            for n in range(200):
+                if not context.is_active():
+                    break
                 yield pb.GenerateResponse(text="x", token_ids=[n])
-                n += 1
                 time.sleep(0.05)
-            if not context.is_active():
-                self.cancelled.set()
+            else:
+                done.set()
             return
         if text == "runtime-error":
             yield pb.GenerateResponse(text="par", token_ids=[1])

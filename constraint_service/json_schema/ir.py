@@ -1,0 +1,140 @@
+"""Schema IR: the reduced, compilable schema graph (per-type constraint records, unions, finite values, refs)."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+_ids = itertools.count()
+
+
+class Node:
+    pass
+
+
+class AnyNode(Node):
+    def __repr__(self):
+        return "Any"
+
+
+class NeverNode(Node):
+    def __repr__(self):
+        return "Never"
+
+
+ANY = AnyNode()
+NEVER = NeverNode()
+
+
+@dataclass(eq=False)
+class Union(Node):
+    alts: list
+
+
+@dataclass(eq=False)
+class Const(Node):
+    values: list  # JSON values (already filtered)
+
+
+@dataclass(eq=False)
+class Box:
+    """A named node; references to it become a grammar rule (allows recursion)."""
+    pointer: str
+    node: Node | None = None
+    building: bool = False
+    uid: int = field(default_factory=lambda: next(_ids))
+
+
+@dataclass(eq=False)
+class Ref(Node):
+    box: Box
+
+
+@dataclass(eq=False)
+class Null(Node):
+    pass
+
+
+@dataclass(eq=False)
+class Boolean(Node):
+    pass
+
+
+@dataclass(eq=False)
+class Integer(Node):
+    lo: int | None = None  # inclusive, exact
+    hi: int | None = None
+
+
+@dataclass(eq=False)
+class Number(Node):
+    lo: object = None      # int/float or None
+    lo_ex: bool = False
+    hi: object = None
+    hi_ex: bool = False
+
+
+@dataclass(eq=False)
+class String(Node):
+    min_len: int = 0
+    max_len: int | None = None
+    patterns: tuple = ()
+
+
+@dataclass(eq=False)
+class Array(Node):
+    prefix: list = field(default_factory=list)
+    items: Node = ANY
+    min_items: int = 0
+    max_items: int | None = None
+
+
+@dataclass(eq=False)
+class Object(Node):
+    props: list = field(default_factory=list)  # [(name, node)] in declared order
+    required: tuple = ()
+    additional: Node = ANY
+
+
+TYPE_NAMES = ("null", "boolean", "object", "array", "number", "string", "integer")
+
+
+def resolve(n: Node) -> Node:
+    seen = 0
+    while isinstance(n, Ref):
+        if n.box.node is None:
+            return n
+        n = n.box.node
+        seen += 1
+        if seen > 1000:
+            break
+    return n
+
+
+def json_type(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "integer" if v.is_integer() else "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    raise TypeError(type(v))
+
+
+def json_equal(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b

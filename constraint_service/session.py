@@ -1,0 +1,361 @@
+"""OutputSession: one request's matcher, lookahead masks and transactions.
+
+Seed 000 §OutputSession / §事务 / §mask; INTERNALS "Constraint side".
+
+* **Lookahead** (:meth:`OutputSession.fill_lookahead`, :func:`fill_rows`) for
+  drafts ``d[0..K-1]``: mark; for i in 0..K: ``mask[i]`` = allowed set (empty
+  -> ``DEAD_END``, stop); if i == K stop (bonus row); if ``d[i]`` is not
+  allowed -> later positions ``UNREACHABLE``, stop; accept ``d[i]``; if it was
+  EOS -> later positions ``UNREACHABLE``, stop.  Roll back to the mark.  The
+  position of the first illegal draft is itself ``READY``.
+* **Preview / commit / discard**: preview accepts what a step really produced
+  (possibly ending with EOS); commit only confirms (no allocation, no grammar
+  check); discard rolls back to the mark.  Preview and lookahead are mutually
+  exclusive.  A previewed token the grammar rejects is an
+  :class:`~constraint_service.errors.IntegrityError`.
+* Masks are written straight into the caller's uint32 views (the ring slot),
+  via a zero-copy ``torch.int32`` view for xgrammar.  Bits >= V are zero; ids
+  in ``[len(token_bytes), V)`` are never allowed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .backend import CompiledConstraint
+from .errors import ConstraintError, IntegrityError
+from .types import DEAD_END, READY, UNCONSTRAINED, UNREACHABLE, PreviewResult
+
+__all__ = ["OutputSession", "fill_rows"]
+
+
+def _as_int32_tensor(words: np.ndarray) -> torch.Tensor:
+    """Zero-copy ``torch.int32`` view of a C-contiguous uint32 array."""
+    if words.dtype != np.uint32 or not words.flags.c_contiguous:
+        raise IntegrityError(
+            f"bitmask view must be C-contiguous uint32, got {words.dtype} "
+            f"(contiguous={words.flags.c_contiguous})"
+        )
+    return torch.from_numpy(words.view(np.int32))
+
+
+class OutputSession:
+    """One request's grammar state; never shared between requests.
+
+    Args:
+        compiled: the shared compiled grammar (held until :meth:`close`).
+        prefix: continuation bytes already in the output (seed §续写); accepted
+            byte-wise (a later token may straddle the boundary) and not charged
+            to any budget.
+
+    Raises:
+        ConstraintError: ``InvalidPrefix`` if ``prefix`` is not a prefix of the
+            language; ``ConstraintDeadEnd`` if no token is legal at the start.
+    """
+
+    def __init__(self, compiled: CompiledConstraint, prefix: bytes = b"") -> None:
+        backend = compiled.backend
+        self.compiled = compiled
+        self._matcher = compiled.new_matcher()
+        self._vocab_size = backend.vocab_size
+        self._num_words = backend.num_words
+        self._tail = backend.tail_mask
+        self._eos = backend.eos_ids
+        self._preview_len = -1  # -1: no preview pending; else tokens accepted by it
+        self._preview_state = (False, False)
+        self._num_committed = 0
+        self._closed = False
+        compiled.acquire()
+        self._finalizer = weakref.finalize(self, compiled.release)
+        # [1, W] uint32 scratch for the start check (allocated once per session)
+        self._scratch = np.zeros((1, self._num_words), dtype=np.uint32)
+        self._scratch_t = torch.from_numpy(self._scratch.view(np.int32))
+        try:
+            if prefix and not self._matcher.accept_bytes(bytes(prefix)):
+                raise ConstraintError(
+                    "InvalidPrefix",
+                    f"continuation prefix leaves the language at byte {self._prefix_failure(bytes(prefix))} "
+                    f"of {len(prefix)}",
+                )
+            self._matcher.fill_bitmask(self._scratch_t, 0)
+            if self._tail is not None:
+                self._scratch[0, -1] &= self._tail
+            if not self._scratch.any():
+                raise ConstraintError(
+                    "ConstraintDeadEnd",
+                    "the constraint allows no first token" + (" after the prefix" if prefix else ""),
+                )
+        except BaseException:
+            self.close()
+            raise
+        self._complete = self._matcher.is_completed()
+        self._terminated = False
+
+    def _prefix_failure(self, prefix: bytes) -> int:
+        """Byte offset where ``prefix`` leaves the language (slow path, errors only)."""
+        probe = self.compiled.new_matcher()
+        for i in range(len(prefix)):
+            if not probe.accept_bytes(prefix[i: i + 1]):
+                return i
+        return len(prefix)
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def is_complete(self) -> bool:
+        """Committed state: the language allows ending now ("allowed to end")."""
+        return self._complete
+
+    @property
+    def is_terminated(self) -> bool:
+        """Committed state: EOS was accepted."""
+        return self._terminated
+
+    @property
+    def num_committed_tokens(self) -> int:
+        """Tokens committed since construction (the prefix is not counted)."""
+        return self._num_committed
+
+    @property
+    def preview_pending(self) -> bool:
+        return self._preview_len >= 0
+
+    def _check_can_lookahead(self) -> None:
+        if self._closed:
+            raise IntegrityError("session is closed")
+        if self._preview_len >= 0:
+            raise IntegrityError("lookahead while a preview is pending (commit or discard first)")
+        if self._terminated:
+            raise IntegrityError("lookahead after EOS was committed")
+
+    # -- lookahead --------------------------------------------------------------
+    def fill_lookahead(self, drafts: Sequence[int], bitmask: np.ndarray, status: np.ndarray) -> None:
+        """Fill the lookahead masks of this request for one step.
+
+        Args:
+            drafts: ``[K]`` draft token ids (proposals only, no anchor); may be
+                shorter than ``positions - 1``.
+            bitmask: ``[positions, W]`` uint32, C-contiguous view into the ring
+                slot; row ``i`` receives the mask after ``drafts[:i]``.
+            status: ``[positions]`` uint8; ``READY`` / ``DEAD_END`` / ``UNREACHABLE``.
+
+        Positions past the walk are zero-filled and ``UNREACHABLE``.  The
+        matcher is back at the mark afterwards.
+
+        Raises:
+            IntegrityError: preview pending, session terminated/closed, bad
+                shapes, or an allowed draft the matcher then refuses.
+        """
+        self._check_can_lookahead()
+        positions = bitmask.shape[0] if bitmask.ndim == 2 else -1
+        num_drafts = len(drafts)
+        if (positions < 1 or bitmask.shape[1] != self._num_words or status.shape != (positions,)
+                or num_drafts > positions - 1):
+            raise IntegrityError(
+                f"lookahead views: expected bitmask [P, {self._num_words}], status [P], "
+                f"len(drafts) <= P-1; got bitmask {bitmask.shape}, status {status.shape}, "
+                f"{num_drafts} drafts"
+            )
+        t = _as_int32_tensor(bitmask)
+        matcher, tail, vsize, eos = self._matcher, self._tail, self._vocab_size, self._eos
+        accepted = 0
+        i = 0
+        try:
+            while True:
+                matcher.fill_bitmask(t, i)
+                row = bitmask[i]
+                if tail is not None:
+                    row[-1] &= tail
+                if not row.any():
+                    status[i] = DEAD_END
+                    i += 1
+                    break
+                status[i] = READY
+                if i == num_drafts:
+                    i += 1
+                    break
+                d = int(drafts[i])
+                i += 1
+                if not (0 <= d < vsize and (int(row[d >> 5]) >> (d & 31)) & 1):
+                    break
+                if not matcher.accept_token(d):
+                    raise IntegrityError(f"draft token {d} is in the mask but the matcher refused it")
+                accepted += 1
+                if d in eos:
+                    break
+        finally:
+            matcher.rollback(accepted)
+        if i < positions:
+            bitmask[i:] = 0
+            status[i:] = UNREACHABLE
+
+    # -- transactions -------------------------------------------------------------
+    def preview(self, tokens: Sequence[int]) -> PreviewResult:
+        """Tentatively accept the tokens a step produced (may end with EOS).
+
+        Args:
+            tokens: accepted token ids of this step, in order (may be empty).
+
+        Returns:
+            ``PreviewResult(complete, terminated)`` of the provisional state.
+
+        Raises:
+            IntegrityError: a token the grammar rejects (state restored), a
+                token after EOS, a preview already pending, a closed session.
+        """
+        if self._closed:
+            raise IntegrityError("session is closed")
+        if self._preview_len >= 0:
+            raise IntegrityError("preview while another preview is pending")
+        matcher = self._matcher
+        n = 0
+        for j, tok in enumerate(tokens):
+            tok = int(tok)
+            reason = ""
+            if self._terminated or matcher.is_terminated():
+                reason = "after EOS"
+            elif not (0 <= tok < self._vocab_size) or not matcher.accept_token(tok):
+                reason = "rejected by the grammar"
+            if reason:
+                matcher.rollback(n)
+                raise IntegrityError(
+                    f"committed token {tok} (position {j} of {len(tokens)} this step, "
+                    f"{self._num_committed + j} overall) {reason}"
+                )
+            n += 1
+        self._preview_len = n
+        self._preview_state = (matcher.is_completed(), matcher.is_terminated())
+        return PreviewResult(*self._preview_state)
+
+    def commit(self) -> None:
+        """Confirm the pending preview (no allocation, no grammar check).
+
+        Raises:
+            IntegrityError: no preview pending.
+        """
+        if self._preview_len < 0:
+            raise IntegrityError("commit without a pending preview")
+        self._num_committed += self._preview_len
+        self._complete, self._terminated = self._preview_state
+        self._preview_len = -1
+
+    def discard(self) -> None:
+        """Undo the pending preview (back to the mark); no-op if none is pending."""
+        if self._preview_len > 0:
+            self._matcher.rollback(self._preview_len)
+        self._preview_len = -1
+
+    def close(self) -> None:
+        """Release the compiled grammar (idempotent); the session is unusable afterwards."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> "OutputSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Sequence[Sequence[int]],
+              bitmask_view: np.ndarray, status_view: np.ndarray) -> list[Optional[IntegrityError]]:
+    """Fill the lookahead masks of one step for many rows (the sidecar's Step path).
+
+    Same per-row semantics as :meth:`OutputSession.fill_lookahead`, computed
+    position by position across rows so each position is one xgrammar batch
+    fill (its thread pool).
+
+    Args:
+        sessions: ``[R]``; ``None`` marks an unconstrained (disabled) row: its
+            words are not touched and its status is set to ``UNCONSTRAINED``.
+        drafts_per_row: ``[R]`` lists of draft ids (``len <= P-1``).
+        bitmask_view: ``[R, P, W]`` uint32, C-contiguous (the ring slot's rows).
+        status_view: ``[R, P]`` uint8.
+
+    Returns:
+        ``[R]`` per-row errors (``None`` = ok).  A failed row is zero-filled and
+        ``UNREACHABLE``; other rows are unaffected.
+
+    Raises:
+        IntegrityError: malformed views (whole step).
+    """
+    num_rows = len(sessions)
+    if bitmask_view.ndim != 3 or bitmask_view.shape[0] < num_rows or status_view.shape[:2] != bitmask_view.shape[:2]:
+        raise IntegrityError(f"fill_rows views: bitmask {bitmask_view.shape}, status {status_view.shape}, {num_rows} rows")
+    _, positions, num_words = bitmask_view.shape
+    flat = bitmask_view.reshape(-1, num_words)  # view (C-contiguous)
+    flat_t = _as_int32_tensor(flat)
+    errors: list[Optional[IntegrityError]] = [None] * num_rows
+    end = [positions] * num_rows
+    accepted = [0] * num_rows
+    active: list[int] = []
+    backend = None
+    for r, s in enumerate(sessions):
+        if s is None:
+            status_view[r, :] = UNCONSTRAINED
+            continue
+        try:
+            s._check_can_lookahead()
+            if s._num_words != num_words:
+                raise IntegrityError(f"row {r}: bitmask has {num_words} words, vocabulary needs {s._num_words}")
+            if len(drafts_per_row[r]) > positions - 1:
+                raise IntegrityError(f"row {r}: {len(drafts_per_row[r])} drafts > {positions - 1}")
+        except IntegrityError as exc:
+            errors[r] = exc
+            end[r] = 0
+            continue
+        backend = s.compiled.backend
+        active.append(r)
+    try:
+        for i in range(positions):
+            if not active:
+                break
+            matchers = [sessions[r]._matcher for r in active]
+            idx = [r * positions + i for r in active]
+            if len(active) > 1:
+                backend.batch_fill(matchers, flat_t, idx)
+            else:
+                matchers[0].fill_bitmask(flat_t, idx[0])
+            if backend.tail_mask is not None:
+                flat[idx, -1] &= backend.tail_mask
+            nonempty = flat[idx].any(axis=1)
+            still: list[int] = []
+            for r, ok in zip(active, nonempty):
+                if not ok:
+                    status_view[r, i] = DEAD_END
+                    end[r] = i + 1
+                    continue
+                status_view[r, i] = READY
+                drafts = drafts_per_row[r]
+                if i == len(drafts):
+                    end[r] = i + 1
+                    continue
+                d = int(drafts[i])
+                row = flat[r * positions + i]
+                if not (0 <= d < backend.vocab_size and (int(row[d >> 5]) >> (d & 31)) & 1):
+                    end[r] = i + 1
+                    continue
+                s = sessions[r]
+                if not s._matcher.accept_token(d):
+                    errors[r] = IntegrityError(f"row {r}: draft {d} is in the mask but the matcher refused it")
+                    end[r] = 0
+                    continue
+                accepted[r] += 1
+                if d in backend.eos_ids:
+                    end[r] = i + 1
+                    continue
+                still.append(r)
+            active = still
+    finally:
+        for r, n in enumerate(accepted):
+            if n:
+                sessions[r]._matcher.rollback(n)
+    for r, s in enumerate(sessions):
+        if s is not None and end[r] < positions:
+            bitmask_view[r, end[r]:] = 0
+            status_view[r, end[r]:] = UNREACHABLE
+    return errors

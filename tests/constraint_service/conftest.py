@@ -1,0 +1,68 @@
+"""Tiny synthetic byte-level vocabulary and helpers for constraint_service tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from constraint_service.compiler import ConstraintCompiler
+from constraint_service.session import OutputSession
+from constraint_service.types import ConstraintSpec, bitmask_words
+from constraint_service.vocab import Vocabulary
+
+# Multi-byte tokens crossing punctuation, rule and UTF-8 boundaries.
+MULTI = [
+    b"ab", b"abc", b"ba", b'{"', b'":', b'",', b'"}', b"12", b"1.", b"0}", b"ok", b"er", b"error",
+    b"status=", b"=o", b"k\n", b"\xc3\xa9", b"\xa9x", b"\xe4\xb8", b"\xad!", b"\xc3", b"e\xcc",
+    b"true", b"null", b"{}", b'"a"', b"  ", b", ", b"aa", b"aaa", b"-1", b"yes", b"ye", b"s",
+]
+EOS_TEXT = b"<eos>"
+SPECIAL_TEXT = b"<|im_end|>"
+
+
+def make_vocab(vocab_size: int = 300) -> Vocabulary:
+    """All 256 single bytes, then MULTI, then EOS and a special token; V > tokenizer size."""
+    toks = [bytes([i]) for i in range(256)] + MULTI + [EOS_TEXT, SPECIAL_TEXT]
+    eos = len(toks) - 2
+    special = len(toks) - 1
+    assert len(toks) < vocab_size and vocab_size % 32
+    return Vocabulary(vocab_size=vocab_size, token_bytes=tuple(toks),
+                      special_ids=frozenset({special}), eos_ids=(eos,))
+
+
+VOCAB = make_vocab()
+EOS = VOCAB.eos_ids[0]
+SPECIAL = next(iter(VOCAB.special_ids))
+W = bitmask_words(VOCAB.vocab_size)
+
+
+@pytest.fixture(scope="session")
+def vocab() -> Vocabulary:
+    return VOCAB
+
+
+@pytest.fixture(scope="session")
+def compiler() -> ConstraintCompiler:
+    return ConstraintCompiler(VOCAB)
+
+
+def allowed_ids(words: np.ndarray) -> set[int]:
+    """Ids whose bit is set in one ``[W]`` uint32 row (all 32*W bits, not only < V)."""
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    return set(np.nonzero(bits)[0].tolist())
+
+
+def session_mask(session: OutputSession) -> set[int]:
+    bm = np.zeros((1, W), np.uint32)
+    st = np.zeros(1, np.uint8)
+    session.fill_lookahead([], bm, st)
+    return allowed_ids(bm[0])
+
+
+def tok(b: bytes) -> int:
+    return VOCAB.token_bytes.index(b)
+
+
+def make_session(compiler: ConstraintCompiler, kind: str, source: str = "", choices=(), prefix=b""):
+    compiled, _ = compiler.compile(ConstraintSpec(kind, source, tuple(choices)))
+    return OutputSession(compiled, prefix)

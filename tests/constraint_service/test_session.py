@@ -1,0 +1,246 @@
+"""OutputSession: lookahead, preview/commit/discard, prefix, start check (seed 000 §事务)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from conftest import EOS, SPECIAL, VOCAB, W, allowed_ids, make_session, tok
+from constraint_service.errors import ConstraintError, IntegrityError
+from constraint_service.session import fill_rows
+from constraint_service.types import PreviewResult
+from constraint_service.types import DEAD_END, READY, UNCONSTRAINED, UNREACHABLE
+
+STATUS_GRAMMAR = 'root ::= "status=" ("ok" | "error") "\\n"'
+
+
+def views(positions: int):
+    return np.full((positions, W), 0xDEADBEEF, np.uint32), np.full(positions, 99, np.uint8)
+
+
+def state(session) -> tuple:
+    """Observable matcher state: next mask + complete + terminated."""
+    bm, st = views(1)
+    session.fill_lookahead([], bm, st)
+    m = session._matcher
+    return tuple(bm[0].tolist()), int(st[0]), m.is_completed(), m.is_terminated()
+
+
+def ids(text: bytes) -> list[int]:
+    return list(text)
+
+
+def test_lookahead_all_legal_drafts_fills_bonus_row(compiler):
+    s = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    drafts = [tok(b"status="), tok(b"ok")]
+    bm, st = views(3)
+    s.fill_lookahead(drafts, bm, st)
+    assert st.tolist() == [READY, READY, READY]
+    assert tok(b"status=") in allowed_ids(bm[0])
+    assert {ord("o"), ord("e"), tok(b"ok"), tok(b"er"), tok(b"error")} <= allowed_ids(bm[1])
+    assert allowed_ids(bm[2]) == {ord("\n")}
+
+
+def test_lookahead_illegal_draft_row_stays_ready_then_unreachable(compiler):
+    s = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    before = state(s)
+    drafts = [tok(b"status="), ord("x"), ord("y")]
+    bm, st = views(4)
+    s.fill_lookahead(drafts, bm, st)
+    assert st.tolist() == [READY, READY, UNREACHABLE, UNREACHABLE]
+    assert ord("x") not in allowed_ids(bm[1]) and allowed_ids(bm[1])  # legal mask of the prefix
+    assert not bm[2:].any()
+    assert state(s) == before
+
+
+def test_lookahead_eos_inside_drafts(compiler):
+    s = make_session(compiler, "choice", choices=["ok"])
+    bm, st = views(4)
+    s.fill_lookahead([tok(b"ok"), EOS, ord("x")], bm, st)
+    assert st.tolist() == [READY, READY, UNREACHABLE, UNREACHABLE]
+    assert allowed_ids(bm[1]) == {EOS}
+    assert not bm[2:].any()
+    assert not s.is_terminated and state(s)[2] is False
+
+
+def test_lookahead_dead_end(compiler):
+    # "a" then the rule requires r, which is unsatisfiable: after "a" nothing is legal.
+    s = make_session(compiler, "grammar", 'root ::= "b" | "a" r\nr ::= r "x"')
+    bm, st = views(3)
+    s.fill_lookahead([ord("a"), ord("x")], bm, st)
+    assert st.tolist() == [READY, DEAD_END, UNREACHABLE]
+    assert {ord("a"), ord("b")} <= allowed_ids(bm[0])
+    assert not bm[1:].any()
+
+
+def test_fewer_drafts_than_positions(compiler):
+    s = make_session(compiler, "grammar", "root ::= [0-9]+")
+    bm, st = views(4)
+    s.fill_lookahead([ord("1")], bm, st)
+    assert st.tolist() == [READY, READY, UNREACHABLE, UNREACHABLE]
+    assert EOS in allowed_ids(bm[1]) and not bm[2:].any()
+
+
+def test_lookahead_leaves_no_trace_random(compiler):
+    rng = random.Random(7)
+    s = make_session(compiler, "json_object")
+    text = b'{"ab": [1, "\xc3\xa9"], "c": tr'
+    pool = list(range(len(VOCAB.token_bytes))) + [EOS, SPECIAL, VOCAB.vocab_size - 1, -1]
+    for step in range(len(text)):
+        before = state(s)
+        for _ in range(6):
+            k = rng.randint(0, 5)
+            # mix legal continuations and random ids
+            drafts = [rng.choice(pool) if rng.random() < 0.5 else text[(step + j) % len(text)] for j in range(k)]
+            bm, st = views(k + 1)
+            s.fill_lookahead(drafts, bm, st)
+            assert state(s) == before
+        s.preview([text[step]])
+        s.commit()
+
+
+def test_preview_then_discard_restores(compiler):
+    s = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    before = state(s)
+    r = s.preview([tok(b"status="), tok(b"ok")])
+    assert not r.complete and not r.terminated
+    s.discard()
+    assert state(s) == before and s.num_committed_tokens == 0
+
+
+def test_preview_then_commit_with_eos(compiler):
+    s = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    r = s.preview([tok(b"status="), tok(b"ok"), ord("\n")])
+    assert r.complete and not r.terminated
+    assert not s.is_complete  # committed state unchanged until commit
+    s.commit()
+    assert s.is_complete and not s.is_terminated and s.num_committed_tokens == 3
+    r = s.preview([EOS])
+    assert r.complete and r.terminated
+    s.commit()
+    assert s.is_terminated
+    bm, st = views(1)
+    with pytest.raises(IntegrityError):
+        s.fill_lookahead([], bm, st)
+    with pytest.raises(IntegrityError):
+        s.preview([ord("x")])
+
+
+def test_rejected_committed_token_is_integrity_error(compiler):
+    s = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    before = state(s)
+    with pytest.raises(IntegrityError, match="rejected"):
+        s.preview([tok(b"status="), ord("x")])
+    assert state(s) == before and not s.preview_pending
+    for bad in (SPECIAL, VOCAB.vocab_size - 1, VOCAB.vocab_size + 5, -3):
+        with pytest.raises(IntegrityError):
+            s.preview([bad])
+
+
+def test_preview_and_lookahead_are_exclusive(compiler):
+    s = make_session(compiler, "grammar", "root ::= [0-9]+")
+    s.preview([ord("1")])
+    bm, st = views(2)
+    with pytest.raises(IntegrityError):
+        s.fill_lookahead([ord("2")], bm, st)
+    with pytest.raises(IntegrityError):
+        s.preview([ord("2")])
+    s.commit()
+    with pytest.raises(IntegrityError):
+        s.commit()
+    s.fill_lookahead([ord("2")], bm, st)
+
+
+def test_empty_preview_commit(compiler):
+    s = make_session(compiler, "grammar", "root ::= [0-9]+")
+    assert s.preview([]) == PreviewResult(complete=False, terminated=False)
+    s.commit()
+    assert s.num_committed_tokens == 0
+
+
+def test_initial_dead_end(compiler):
+    with pytest.raises(ConstraintError) as ei:
+        make_session(compiler, "grammar", "root ::= r\nr ::= r")
+    assert ei.value.kind == "ConstraintDeadEnd"
+
+
+def test_prefix_bytewise_and_straddling(compiler):
+    # prefix ends inside "é" (0xC3 0xA9): token b"\xa9x" straddles the boundary
+    s = make_session(compiler, "grammar", 'root ::= "na\u00efve " ("\u00e9" "x")+', prefix="naïve ".encode() + b"\xc3")
+    assert tok(b"\xa9x") in state_ids(s)
+    r = s.preview([tok(b"\xa9x")])
+    assert r.complete
+    s.commit()
+    assert s.num_committed_tokens == 1
+
+
+def state_ids(s):
+    bm, st = views(1)
+    s.fill_lookahead([], bm, st)
+    return allowed_ids(bm[0])
+
+
+def test_json_prefix_continuation(compiler):
+    s = make_session(compiler, "json_object", prefix=b'{"name":')
+    assert s.preview(list(b'"x"}')).complete
+
+
+def test_invalid_prefix(compiler):
+    with pytest.raises(ConstraintError) as ei:
+        make_session(compiler, "choice", choices=["ok", "error"], prefix=b"ox")
+    assert ei.value.kind == "InvalidPrefix" and "byte 1" in ei.value.message
+
+
+def test_session_holds_and_releases_grammar(compiler):
+    s = make_session(compiler, "grammar", 'root ::= "held"')
+    c = s.compiled
+    n = c.num_holders
+    s.close()
+    s.close()
+    assert c.num_holders == n - 1
+    with pytest.raises(IntegrityError):
+        s.fill_lookahead([], *views(1))
+
+
+def test_fill_rows_matches_per_row_lookahead(compiler):
+    rng = random.Random(3)
+    grammars = [
+        ("grammar", STATUS_GRAMMAR, ()),
+        ("grammar", "root ::= [0-9]+", ()),
+        ("choice", "", ("ok", "okay", "")),
+        ("json_object", "", ()),
+        ("grammar", 'root ::= "b" | "a" r\nr ::= r "x"', ()),
+    ]
+    positions = 4
+    for trial in range(20):
+        specs = [rng.choice(grammars) if rng.random() < 0.8 else None for _ in range(6)]
+        a = [make_session(compiler, *g[:2], choices=g[2]) if g else None for g in specs]
+        b = [make_session(compiler, *g[:2], choices=g[2]) if g else None for g in specs]
+        alphabet = [ord(c) for c in 'status=okery{}"1a\n'] + [tok(b"status="), tok(b"ok"), EOS, SPECIAL]
+        drafts = [[rng.choice(alphabet) for _ in range(rng.randint(0, positions - 1))] for _ in specs]
+        bm = np.full((len(specs), positions, W), 0x5A5A5A5A, np.uint32)
+        st = np.full((len(specs), positions), 77, np.uint8)
+        errors = fill_rows(a, drafts, bm, st)
+        assert errors == [None] * len(specs)
+        for r, s in enumerate(b):
+            if s is None:
+                assert st[r].tolist() == [UNCONSTRAINED] * positions
+                assert (bm[r] == 0x5A5A5A5A).all()  # disabled rows' words untouched
+                continue
+            ebm, est = views(positions)
+            s.fill_lookahead(drafts[r], ebm, est)
+            assert (bm[r] == ebm).all() and (st[r] == est).all(), (trial, r, specs[r], drafts[r])
+            assert state(a[r]) == state(s)
+
+
+def test_fill_rows_reports_row_errors(compiler):
+    good = make_session(compiler, "grammar", "root ::= [0-9]+")
+    bad = make_session(compiler, "grammar", "root ::= [0-9]+")
+    bad.preview([ord("1")])
+    bm = np.zeros((2, 2, W), np.uint32)
+    st = np.zeros((2, 2), np.uint8)
+    errors = fill_rows([good, bad], [[ord("5")], []], bm, st)
+    assert errors[0] is None and isinstance(errors[1], IntegrityError)
+    assert st[0].tolist() == [READY, READY] and st[1].tolist() == [UNREACHABLE, UNREACHABLE]
