@@ -26,12 +26,14 @@ from ninfer.telemetry import server_interceptors, setup_tracing
 from .server import ConstraintServicer, SidecarOptions
 
 log = logging.getLogger("ninfer.sidecar")
+# Sent by the kernel when the engine dies (distinct from an orderly SIGTERM).
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
 def _set_pdeathsig() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        libc.prctl(1, PARENT_DEATH_SIGNAL)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
 
@@ -69,24 +71,24 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(args.socket, 0o600)
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     stop = threading.Event()
+    parent_died = threading.Event()
 
     def _on_signal(signum: int, _frame: object) -> None:
+        if signum == PARENT_DEATH_SIGNAL:
+            parent_died.set()
         stop.set()
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL):
+        signal.signal(sig, _on_signal)
     print(f"constraint sidecar ready on {address}", flush=True)
-    parent_died = False
     while not stop.wait(0.5):
-        if args.parent_pid and os.getppid() != args.parent_pid:
-            parent_died = True
+        if args.parent_pid and os.getppid() != args.parent_pid:  # died before PR_SET_PDEATHSIG took effect
+            parent_died.set()
             break
-    if args.parent_pid and os.getppid() != args.parent_pid:
-        parent_died = True
     server.stop(grace=0.5).wait()
     ring_name = servicer.ring_name
     servicer.close()
-    if parent_died and ring_name:
+    if parent_died.is_set() and ring_name:
         # The engine owns the ring; it cannot remove it any more.
         from shared_memory.ring import remove_segment
 

@@ -74,6 +74,8 @@ def translate_xgrammar_error(exc: BaseException, source: str, kind: str) -> Cons
     if m:
         line, col = int(m.group(1)), int(m.group(2))
         msg = _clean_message(m.group(3)) or "syntax error"
+        if msg.endswith("but got"):
+            msg += " end of input"
         if 'root rule with name "root" is not found' in msg:
             return ConstraintError(kind, 'missing entry rule "root"', "")
         return ConstraintError(kind, msg, f"{line}:{_char_column(source, line, col)}")

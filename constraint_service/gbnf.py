@@ -19,6 +19,12 @@ bodies).  Rejected before compiling, each with a location where one exists:
 * ``Token``/``ExcludeToken`` ids outside the tokenizer, EOS, special/control
   ids or empty tokens -> ``InvalidTokenReference``.
 
+xgrammar 0.2.9 lets ``ExcludeToken(...)`` match a *stop* token as if it were
+text (``root ::= ExcludeToken(97)`` allows EOS at the start and then reports
+terminated with an incomplete sentence).  Every ``ExcludeToken`` call is
+therefore rewritten to also exclude the EOS ids before compiling, and the
+rewrite is verified on the re-parsed grammar.
+
 Detection uses xgrammar's parsed structure (``Grammar.serialize_json``,
 format ``v18``); locations come from a small lexer over the source.
 """
@@ -64,6 +70,7 @@ class _Call:
     line: int
     col: int
     args: list  # [(int_value, line, col)]
+    close: int = -1  # index of the closing ")" in the source (Token/ExcludeToken)
 
 
 @dataclass
@@ -126,6 +133,7 @@ def _scan(source: str) -> _Scan:
                             adv(len(d))
                         else:
                             adv(1)
+                    call.close = i
         else:
             adv(1)
     return _Scan(calls, nuls, raw_nul)
@@ -159,8 +167,10 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
         ConstraintError: ``InvalidGrammar`` or ``InvalidTokenReference`` (see module doc).
     """
     scan = _scan(source)
-    if scan.raw_nul:
-        line, col = scan.raw_nul[0]
+    nul = source.find("\x00")
+    if nul >= 0:
+        line = source.count("\n", 0, nul) + 1
+        col = nul - (source.rfind("\n", 0, nul) + 1) + 1
         raise ConstraintError("InvalidGrammar", "NUL character in grammar text", f"{line}:{col}")
     grammar = XGrammarBackend.parse_ebnf(source, kind="InvalidGrammar")
     data = json.loads(grammar.serialize_json())
@@ -172,11 +182,11 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
     for rule in data["rules"]:
         name = rule[0]
         if rule[4] != -1 or rule[5] != -1 or rule[6] or rule[7] or rule[8] is not None:
-            m = re.search(r"^[ \t]*" + re.escape(name) + r"[ \t]*\[", source, re.M)
+            m = re.search(r"^[ \t]*(" + re.escape(name) + r")[ \t]*\[", source, re.M)
             loc = ""
             if m:
-                line = source.count("\n", 0, m.start()) + 1
-                col = m.start() - (source.rfind("\n", 0, m.start()) + 1) + 1
+                line = source.count("\n", 0, m.start(1)) + 1
+                col = m.start(1) - (source.rfind("\n", 0, m.start(1)) + 1) + 1
                 loc = f"{line}:{col}"
             raise ConstraintError(
                 "InvalidGrammar",
@@ -219,6 +229,9 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
         if why:
             raise ConstraintError("InvalidTokenReference", why, "")
 
+    if any(c.name == "ExcludeToken" for c in scan.calls) and vocab.eos_ids:
+        grammar = _exclude_eos(source, scan, vocab)
+
     if scan.nul_literals:
         line, col = scan.nul_literals[0]
         raise ConstraintError(
@@ -226,4 +239,26 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
             'NUL (\\x00) inside a string literal is not supported; use the class [\\x00]',
             f"{line}:{col}",
         )
+    return grammar
+
+
+def _exclude_eos(source: str, scan: _Scan, vocab: Vocabulary) -> "xgr.Grammar":
+    """Re-parse ``source`` with the EOS ids appended to every ``ExcludeToken`` call."""
+    extra = "".join(f", {i}" for i in vocab.eos_ids)
+    out, last = [], 0
+    for call in scan.calls:
+        if call.name == "ExcludeToken" and call.close >= 0:
+            out.append(source[last: call.close])
+            out.append(extra)
+            last = call.close
+    out.append(source[last:])
+    grammar = XGrammarBackend.parse_ebnf("".join(out), kind="InvalidGrammar")
+    data = json.loads(grammar.serialize_json())
+    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs_data)]
+    eos = set(vocab.eos_ids)
+    for k in range(len(indptr)):
+        expr = exprs_data[bounds[k]: bounds[k + 1]]
+        if expr and expr[0] == _EXPR_EXCLUDE_TOKEN and not eos <= set(expr[2: 2 + expr[1]]):
+            raise ConstraintError("InvalidGrammar", "ExcludeToken(...) form not understood", "")
     return grammar

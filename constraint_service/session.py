@@ -287,7 +287,9 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
     if bitmask_view.ndim != 3 or bitmask_view.shape[0] < num_rows or status_view.shape[:2] != bitmask_view.shape[:2]:
         raise IntegrityError(f"fill_rows views: bitmask {bitmask_view.shape}, status {status_view.shape}, {num_rows} rows")
     _, positions, num_words = bitmask_view.shape
-    flat = bitmask_view.reshape(-1, num_words)  # view (C-contiguous)
+    if bitmask_view.dtype != np.uint32 or not bitmask_view.flags.c_contiguous:
+        raise IntegrityError("fill_rows bitmask view must be C-contiguous uint32")
+    flat = bitmask_view.reshape(-1, num_words)  # a view, never a copy (checked above)
     flat_t = _as_int32_tensor(flat)
     errors: list[Optional[IntegrityError]] = [None] * num_rows
     end = [positions] * num_rows

@@ -27,19 +27,22 @@ __all__ = [
 
 try:  # one helper, one dtype (STYLE "Shapes, dtypes, units")
     from shared_memory.layout import BITMASK_DTYPE, bitmask_words  # type: ignore
-except ImportError:  # pragma: no cover - until shared_memory/layout.py lands
+    from shared_memory.layout import STATUS_DEAD_END as DEAD_END  # type: ignore
+    from shared_memory.layout import STATUS_READY as READY  # type: ignore
+    from shared_memory.layout import STATUS_UNCONSTRAINED as UNCONSTRAINED  # type: ignore
+    from shared_memory.layout import STATUS_UNREACHABLE as UNREACHABLE  # type: ignore
+except ImportError:  # pragma: no cover - shared_memory/layout.py is the owner
     BITMASK_DTYPE = np.uint32
 
     def bitmask_words(vocab_size: int) -> int:
         """Number of 32-bit words per bitmask position: ``ceil(V / 32)``."""
         return (vocab_size + 31) // 32
 
-
-# Per-position status bytes (uint8), INTERNALS "Bitmask convention".
-UNCONSTRAINED = 0  #: row has no grammar (mask disabled, words not read)
-READY = 1  #: mask written for this position
-DEAD_END = 2  #: the hypothetical prefix has no legal next token (words zero)
-UNREACHABLE = 3  #: an earlier draft was illegal or EOS was accepted (words zero)
+    # Per-position status bytes (uint8), INTERNALS "Bitmask convention".
+    UNCONSTRAINED = 0  #: row has no grammar (mask disabled, words not read)
+    READY = 1  #: mask written for this position
+    DEAD_END = 2  #: the hypothetical prefix has no legal next token (words zero)
+    UNREACHABLE = 3  #: an earlier draft was illegal or EOS was accepted (words zero)
 
 #: The five body constraint kinds (seed 000 §正文约束).
 CONSTRAINT_KINDS = frozenset({"json_object", "json_schema", "grammar", "regex", "choice"})

@@ -75,9 +75,9 @@ def counter_key(
     """
     seed = seed.to(torch.int64)
     position = position.to(torch.int64)
-    if not isinstance(purpose, torch.Tensor):
-        purpose = torch.tensor(int(purpose), dtype=torch.int64, device=position.device)
-    ctr = (position << _PURPOSE_BITS) | purpose.to(torch.int64)
+    # A Python purpose stays a scalar operand: no host-to-device copy (graph capture safe).
+    pur = purpose.to(torch.int64) if isinstance(purpose, torch.Tensor) else int(purpose)
+    ctr = (position << _PURPOSE_BITS) | pur
     return _mix(_mix(seed + _G) + ctr * _G)
 
 

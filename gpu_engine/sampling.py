@@ -129,15 +129,14 @@ class SamplingTensors:
         Used by speculative verification (``n = K + 1`` positions per row);
         ``output_counts`` (``[B * n, V]``) replaces the repeated counts when given.
         """
-        kw = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "output_counts":
-                if output_counts is None and v is not None:
-                    output_counts = v.repeat_interleave(n, dim=0)
-                kw[f.name] = output_counts
-            else:
-                kw[f.name] = v.repeat_interleave(n, dim=0)
+
+        def rep(t: torch.Tensor) -> torch.Tensor:  # expand + reshape: no sync, graph safe
+            return t.unsqueeze(1).expand(t.shape[0], n, *t.shape[1:]).flatten(0, 1)
+
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        if output_counts is None and self.output_counts is not None:
+            output_counts = rep(self.output_counts)
+        kw = {name: (output_counts if name == "output_counts" else rep(t)) for name, t in kw.items()}
         return SamplingTensors(**kw)
 
 
@@ -223,7 +222,7 @@ def target_probs(
     p = _renorm(torch.where(p >= st.min_p.unsqueeze(-1) * p[:, :1], p, 0.0))
     # top-p: keep the shortest rank prefix whose mass reaches top_p (rank 0 always).
     mass_before = torch.cumsum(p, dim=-1) - p
-    keep_p = (torch.cumsum(p, dim=-1) < st.top_p.unsqueeze(-1)) | (st.top_p >= 1).unsqueeze(-1) | (rank == 0)
+    keep_p = (mass_before < st.top_p.unsqueeze(-1)) | (st.top_p >= 1).unsqueeze(-1) | (rank == 0)
     p = _renorm(torch.where(keep_p, p, 0.0))
     p = torch.where(greedy.unsqueeze(-1), (rank == 0).to(p.dtype), p)
     p = torch.where(bad.unsqueeze(-1), 0.0, p)

@@ -50,9 +50,9 @@ def dialect_of(schema) -> tuple[bool, bool]:
     raise ConstraintError("UnsupportedSchema", f"unsupported dialect {uri!r}", "/$schema")
 
 
-def reduce_schema(schema):
+def reduce_schema(schema, unknown_keywords: str = "reject"):
     draft7, draft4 = dialect_of(schema)
-    r = Reducer(schema, draft7, draft4)
+    r = Reducer(schema, draft7, draft4, unknown_keywords)
     if isinstance(schema, dict):
         _collect_anchors(schema, "", r.anchors)
     node = r.translate(schema, "")
@@ -111,11 +111,15 @@ def _unproductive(root) -> bool:
     return not prod(root, set())
 
 
-def json_schema_to_ebnf(source: str) -> str:
+def json_schema_to_ebnf(source: str, *, unknown_keywords: str = "reject") -> str:
     """Schema JSON text -> EBNF text with `root`. Raises ConstraintError(InvalidSchema |
-    UnsupportedSchema | UnsatisfiableSchema, message, JSON Pointer)."""
+    UnsupportedSchema | UnsatisfiableSchema, message, JSON Pointer).
+
+    unknown_keywords: "reject" (the contract of issue 4) or "annotate" (opt-in: keywords that are
+    neither known assertions nor known annotations are kept as annotations, as JSON Schema 2020-12
+    section 4.3.1 and the `jsonschema` validator do; `$`-prefixed unknown keywords stay rejected)."""
     schema = parse_schema(source)
-    node = reduce_schema(schema)
+    node = reduce_schema(schema, unknown_keywords)
     return emit_grammar(node)
 
 
@@ -128,7 +132,7 @@ def canonicalize(schema, value):
     from .ir import ANY, Array, Object, Union
     try:
         draft7, draft4 = dialect_of(schema)
-        r = Reducer(schema, draft7, draft4)
+        r = Reducer(schema, draft7, draft4, "annotate")
         if isinstance(schema, dict):
             _collect_anchors(schema, "", r.anchors)
         node = r.translate(schema, "")

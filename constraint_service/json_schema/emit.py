@@ -89,7 +89,12 @@ class Emitter:
         if isinstance(node, Boolean):
             return '"true" | "false"'
         if isinstance(node, Integer):
-            return int_range(node.lo, node.hi)
+            k = ("int", node.lo, node.hi)
+            if k not in self.str_memo:
+                name = self.fresh("i")
+                self.str_memo[k] = name
+                self.add(name, int_range(node.lo, node.hi))
+            return self.str_memo[k]
         if isinstance(node, Number):
             if node.lo is None and node.hi is None:
                 return "j_number"

@@ -47,8 +47,9 @@ def unesc(tok: str) -> str:
 
 
 class Reducer:
-    def __init__(self, root, draft7: bool, draft4: bool = False):
+    def __init__(self, root, draft7: bool, draft4: bool = False, unknown_keywords: str = "reject"):
         self.root = root
+        self.unknown_keywords = unknown_keywords
         self.draft7 = draft7
         self.draft4 = draft4
         self.boxes: dict[str, Box] = {}
@@ -110,6 +111,9 @@ class Reducer:
         # keyword check, in source order
         for k in s:
             kp = f"{ptr}/{esc(k)}"
+            if k in ("contentMediaType", "contentEncoding") and self.draft7:
+                # draft-07 lets validators assert these (optional vocabulary): not enforced here
+                self.unsupported(kp, f"draft-07 {k} may be an assertion; not supported")
             if k in ASSERTIONS or k in ANNOTATIONS or k in CONTAINERS:
                 continue
             if k.startswith("x-"):
@@ -126,6 +130,8 @@ class Reducer:
                 self.unsupported(kp, f"keyword {k!r} is not supported")
             if k == "$ref":
                 continue
+            if self.unknown_keywords == "annotate" and not k.startswith("$"):
+                continue  # opt-in: unknown keywords treated as annotations (2020-12 section 4.3.1)
             self.unsupported(kp, f"unknown keyword {k!r}")
         if "$ref" in s and self.draft7:
             for k in s:

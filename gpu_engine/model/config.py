@@ -73,7 +73,7 @@ class ModelConfig:
     # ------------------------------------------------------------------ GGUF
     @classmethod
     def from_gguf(cls, reader: Any) -> "ModelConfig":
-        """Read the architecture from a ``gguf.GGUFReader``.
+        """Read the architecture from a :class:`~gpu_engine.model.gguf_file.GGUFFile` or ``gguf.GGUFReader``.
 
         Raises:
             ValueError: architecture not llama/qwen2/qwen3, or a required key missing.

@@ -60,23 +60,53 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
+def _dequant_torch(raw: np.ndarray, qtype: int) -> torch.Tensor | None:
+    """Fast multithreaded torch dequantisation of the simple block formats.
+
+    Args:
+        raw: ``[..., n_bytes]`` uint8 blocks as stored.
+    Returns:
+        float32 ``[n_blocks * 32]`` or ``None`` for other formats.
+    """
+    from gguf import GGMLQuantizationType as Q
+
+    b = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True).reshape(-1))  # own copy: the mmap is read-only
+    if qtype == Q.Q8_0:                                        # d:f16, qs:int8[32]
+        blk = b.view(-1, 34)
+        d = blk[:, :2].contiguous().view(torch.float16).float()
+        return (blk[:, 2:].contiguous().view(torch.int8).float() * d).reshape(-1)
+    if qtype in (Q.Q4_0, Q.Q4_1):                              # d:f16, [m:f16], qs:u8[16] (low nibbles first)
+        off = 2 if qtype == Q.Q4_0 else 4
+        blk = b.view(-1, off + 16)
+        d = blk[:, :2].contiguous().view(torch.float16).float()
+        qs = blk[:, off:]
+        q = torch.cat((qs & 0x0F, qs >> 4), dim=1).float()   # [n_blocks, 32]
+        if qtype == Q.Q4_0:
+            return ((q - 8.0) * d).reshape(-1)
+        m = blk[:, 2:4].contiguous().view(torch.float16).float()
+        return (q * d + m).reshape(-1)
+    return None
+
+
 def dequantize_tensor(t) -> np.ndarray:
     """A ``gguf.ReaderTensor`` as float32 numpy ``[rows, cols]`` (PyTorch layout, ne reversed)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
-        arr = dequantize(t.data, t.tensor_type) if t.tensor_type == GGMLQuantizationType.BF16 else t.data
-        arr = np.asarray(arr, dtype=np.float32)
-    else:
-        arr = dequantize(t.data, t.tensor_type)
     shape = tuple(int(s) for s in reversed(t.shape))
+    if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return np.asarray(t.data, dtype=np.float32).reshape(shape)
+    fast = _dequant_torch(t.data, int(t.tensor_type))
+    arr = fast.numpy() if fast is not None else dequantize(t.data, t.tensor_type)
     return arr.reshape(shape)
 
 
-def load_gguf_weights(path: str | Path, config: ModelConfig | None = None,
+def load_gguf_weights(path: str | Path | object, config: ModelConfig | None = None,
                       dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read, dequantize and rename every weight of a GGUF file.
+
+    Args:
+        path: GGUF file, or an open :class:`~gpu_engine.model.gguf_file.GGUFFile` / ``gguf.GGUFReader``.
 
     Returns:
         ``(config, weights)``: weights are CPU tensors of ``dtype`` keyed by
@@ -86,12 +116,15 @@ def load_gguf_weights(path: str | Path, config: ModelConfig | None = None,
         FileNotFoundError: no such file.
         ValueError: unsupported architecture.
     """
-    from gguf import GGUFReader
+    from gpu_engine.model.gguf_file import GGUFFile
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    reader = GGUFReader(str(path))
+    if hasattr(path, "tensors"):
+        reader = path
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        reader = GGUFFile(path)
     cfg = config or ModelConfig.from_gguf(reader)
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:

@@ -20,6 +20,7 @@ import torch
 from gpu_engine.model.chat import ChatTemplate
 from gpu_engine.model.config import PRESETS, ModelConfig
 from gpu_engine.model.fetch import DEFAULT_MODEL, ensure_model
+from gpu_engine.model.gguf_file import GGUFFile
 from gpu_engine.model.llama import LlamaModel, build_model
 from gpu_engine.model.tokenizer import NInferTokenizer
 from gpu_engine.model.vocab import TokenVocabulary
@@ -87,16 +88,13 @@ def _gguf_tokenizer_and_chat(reader: Any, vocab_size: int | None) -> tuple[NInfe
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, max_lanes: int, max_seq_len: int) -> LoadedModel:
-    from gguf import GGUFReader
-
     from gpu_engine.model.gguf_loader import load_gguf_weights
 
-    reader = GGUFReader(str(path))
+    reader = GGUFFile(path)
     config = ModelConfig.from_gguf(reader)
     tokenizer, chat = _gguf_tokenizer_and_chat(reader, config.vocab_size)
-    del reader
     # CPU float32 dequantisation, then cast on the way to the device.
-    _, weights = load_gguf_weights(path, config, dtype=dtype if device.type == "cpu" else torch.float32)
+    _, weights = load_gguf_weights(reader, config, dtype=dtype if device.type == "cpu" else torch.float32)
     model = build_model(config, device, dtype, max_lanes, max_seq_len, weights=weights)
     del weights
     return LoadedModel(model, config, tokenizer, _with_vocab_size(tokenizer.vocab, config.vocab_size), chat, str(path))
@@ -114,9 +112,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, cache_dir: Path | None = N
         return tok, _hf_chat_template(path)
     if path.is_dir():
         path = _single_gguf(path)
-    from gguf import GGUFReader
-
-    return _gguf_tokenizer_and_chat(GGUFReader(str(path)), None)
+    return _gguf_tokenizer_and_chat(GGUFFile(path), None)
 
 
 def _single_gguf(d: Path) -> Path:

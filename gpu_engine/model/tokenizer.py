@@ -103,14 +103,14 @@ class NInferTokenizer:
     # ------------------------------------------------------------ builders
     @classmethod
     def from_gguf(cls, path_or_reader: Any, vocab_size: int | None = None) -> "NInferTokenizer":
-        """Build from a GGUF file (path or ``gguf.GGUFReader``).
+        """Build from a GGUF file (path, :class:`~gpu_engine.model.gguf_file.GGUFFile` or ``gguf.GGUFReader``).
 
         Raises:
             ValueError: tokenizer model other than byte-level BPE (``gpt2``).
         """
-        from gguf import GGUFReader
+        from gpu_engine.model.gguf_file import GGUFFile
 
-        r = path_or_reader if isinstance(path_or_reader, GGUFReader) else GGUFReader(str(path_or_reader))
+        r = path_or_reader if hasattr(path_or_reader, "fields") else GGUFFile(path_or_reader)
         f = r.fields
 
         def get(key: str, default: Any = None) -> Any:

@@ -192,3 +192,43 @@ def test_allowed_to_end_is_not_must_end(compiler):
 
 def test_dead_end_status_value(compiler):
     assert DEAD_END == 2
+
+
+def test_json_object_language_arrays_and_numbers(compiler):
+    s = make_session(compiler, "json_object")
+
+    def pred(b: bytes) -> bool:
+        try:
+            value = json.loads(b.decode("utf-8"))
+        except ValueError:
+            return False
+        return isinstance(value, dict) and not b[:1].isspace() and not b[-1:].isspace()
+
+    check(s, pred, b'{}[]":1,', 5, extra=None)
+
+
+def _json_accepts(compiler, text: bytes) -> bool:
+    s = make_session(compiler, "json_object")
+    try:
+        return s.preview(list(text)).complete
+    except Exception:  # IntegrityError: a byte left the language
+        return False
+
+
+def test_json_object_differential_random(compiler):
+    rng = np.random.default_rng(5)
+    frags = ['{', '}', '[', ']', '"k"', '"\\u00e9"', '"\\n"', '"\\x"', ':', ',', ' ', '\n', '1', '-0', '2.5',
+             '1e-3', '01', 'true', 'null', 'nul', '"é"', '\t', '.5', '-']
+    samples = [json.dumps({"a": [1, {"b": None}], "c": "x"}, indent=2).encode(),
+               json.dumps({"a": 1.5e10, "b": [True, False, "\u2028"]}, separators=(",", ":")).encode(),
+               b"{" + b" " * 33 + b"}"]
+    for _ in range(300):
+        n = int(rng.integers(1, 9))
+        samples.append("".join(frags[int(i)] for i in rng.integers(0, len(frags), n)).encode())
+    for b in samples:
+        try:
+            value = json.loads(b.decode("utf-8"))
+            expect = isinstance(value, dict) and b == b.strip() and not re.search(rb"[ \t\n\r]{33}", b)
+        except ValueError:
+            expect = False
+        assert _json_accepts(compiler, b) == expect, b

@@ -1,0 +1,243 @@
+"""Compile cache: keys, sharing, cold-compile slots, budget, deadline (seed 000 §编译与缓存)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from conftest import VOCAB, make_vocab
+from constraint_service.compiler import ConstraintCompiler, canonical_json
+from constraint_service.errors import ConstraintError
+from constraint_service.session import OutputSession
+from constraint_service.types import ConstraintSpec
+from constraint_service.vocab import Vocabulary
+
+
+def G(src: str) -> ConstraintSpec:
+    return ConstraintSpec("grammar", src)
+
+
+class GatedCompiler(ConstraintCompiler):
+    """Builds block on a per-source gate; records concurrency."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.gates: dict[str, threading.Event] = {}
+        self.calls: list[str] = []
+        self.running = 0
+        self.max_running = 0
+        self._mu = threading.Lock()
+
+    def _build_grammar(self, backend, kind, canon, key):
+        with self._mu:
+            self.calls.append(canon)
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+        try:
+            gate = self.gates.get(canon)
+            if gate is not None:
+                gate.wait(10)
+            return super()._build_grammar(backend, kind, canon, key)
+        finally:
+            with self._mu:
+                self.running -= 1
+
+
+def run_threads(fn, n):
+    out = [None] * n
+
+    def body(i):
+        try:
+            out[i] = fn(i)
+        except Exception as exc:  # noqa: BLE001
+            out[i] = exc
+
+    ts = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    return ts, out
+
+
+def test_index_is_lazy_and_built_once():
+    c = ConstraintCompiler(VOCAB)
+    assert not c.index_built
+    c.cache_key(G('root ::= "x"'))
+    assert not c.index_built
+    _, info = c.compile(G('root ::= "x"'))
+    assert c.index_built and info.cache == "built" and info.seconds > 0
+    b = c.backend
+    _, info = c.compile(G('root ::= "x"'))
+    assert info.cache == "hit" and c.backend is b
+
+
+def test_keys_canonical_forms():
+    c = ConstraintCompiler(VOCAB)
+    k = c.cache_key
+    assert k(ConstraintSpec("json_schema", '{"type": "object",\n "properties": {"a": {}}}')) == \
+        k(ConstraintSpec("json_schema", '{"type":"object","properties":{"a":{}}}'))
+    # property order is part of the identity
+    assert k(ConstraintSpec("json_schema", '{"properties":{"a":{},"b":{}}}')) != \
+        k(ConstraintSpec("json_schema", '{"properties":{"b":{},"a":{}}}'))
+    # numbers as written, duplicates kept
+    assert canonical_json('{"a": 1.0, "a": 1e2, "b": "\\u00e9"}') == '{"a":1.0,"a":1e2,"b":"é"}'
+    # choice: de-duplicated set, order independent; kind is part of the key
+    assert k(ConstraintSpec("choice", choices=("b", "a", "b"))) == k(ConstraintSpec("choice", choices=("a", "b")))
+    assert k(ConstraintSpec("choice", choices=("a",))) != k(ConstraintSpec("choice", choices=("a", "")))
+    assert k(ConstraintSpec("regex", "a")) != k(G("a"))
+    # vocabulary is part of the key
+    other = ConstraintCompiler(make_vocab(301))
+    assert other.cache_key(G("root ::= \"a\"")) != k(G("root ::= \"a\""))
+    with pytest.raises(ConstraintError) as ei:
+        k(ConstraintSpec("json_schema", "{bad"))
+    assert ei.value.kind == "InvalidSchema"
+    with pytest.raises(ValueError):
+        k(ConstraintSpec("yaml", "x"))
+
+
+def test_concurrent_prepares_of_one_key_share_one_build():
+    c = GatedCompiler(VOCAB)
+    src = 'root ::= "shared" [0-9]*'
+    gate = c.gates[src] = threading.Event()
+    ts, out = run_threads(lambda i: c.compile(G(src)), 6)
+    deadline = time.time() + 5
+    while c.stats.built == 0 and len(c.calls) == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # let the other five reach the wait
+    gate.set()
+    for t in ts:
+        t.join(10)
+    infos = sorted(o[1].cache for o in out)
+    assert infos == ["built"] + ["waited"] * 5
+    assert len(c.calls) == 1 and len({id(o[0]) for o in out}) == 1
+
+
+def test_cold_compile_limit_and_hits_take_no_slot():
+    c = GatedCompiler(VOCAB, max_cold_compiles=2)
+    c.compile(G('root ::= "hot"'))  # cached
+    srcs = [f'root ::= "k{i}"' for i in range(4)]
+    gates = {s: threading.Event() for s in srcs}
+    c.gates.update(gates)
+    ts, out = run_threads(lambda i: c.compile(G(srcs[i])), 4)
+    time.sleep(0.3)
+    assert c.max_running == 2 and c.compiles_running == (2, 0)
+    t0 = time.perf_counter()
+    _, info = c.compile(G('root ::= "hot"'))
+    assert info.cache == "hit" and time.perf_counter() - t0 < 0.05
+    for g in gates.values():
+        g.set()
+    for t in ts:
+        t.join(10)
+    assert all(o[1].cache == "built" for o in out) and c.max_running == 2
+
+
+def test_budget_eviction_keeps_held_entries_and_evicted_grammar_stays_usable():
+    c = ConstraintCompiler(VOCAB)
+    a, _ = c.compile(G('root ::= "a"+'))
+    c.cache_bytes = a.memory_size_bytes * 2 + 10  # room for about two grammars
+    held = OutputSession(a)
+    b, _ = c.compile(G('root ::= "b"+'))
+    d, _ = c.compile(G('root ::= "d"+'))
+    # "a" is least recently used but held: "b" is evicted instead
+    assert c.compile(G('root ::= "a"+'))[1].cache == "hit"
+    assert c.compile(G('root ::= "d"+'))[1].cache == "hit"
+    assert c.stats.evictions >= 1
+    assert c.cached_bytes <= c.cache_bytes or a.num_holders > 0
+    # b was evicted while a reference exists: it still works
+    s = OutputSession(b)
+    assert s.preview([ord("b"), ord("b")]).complete
+    _, info = c.compile(G('root ::= "b"+'))
+    assert info.cache == "built"
+    held.close()  # releasing "a" lets the cache fall back under budget
+    assert c.cached_bytes <= c.cache_bytes
+
+
+def test_failures_are_reported_to_every_request():
+    c = ConstraintCompiler(VOCAB)
+    for _ in range(2):
+        with pytest.raises(ConstraintError) as ei:
+            c.compile(G("root ::= ("))
+        assert ei.value.kind == "InvalidGrammar" and ei.value.location == "1:11"
+
+
+def test_timeout_moves_slot_to_abandoned_pool():
+    c = GatedCompiler(VOCAB, max_cold_compiles=1, max_abandoned_compiles=1, compile_timeout_s=0.2)
+    slow1, slow2 = 'root ::= "slow1"', 'root ::= "slow2"'
+    g1 = c.gates[slow1] = threading.Event()
+    g2 = c.gates[slow2] = threading.Event()
+    with pytest.raises(ConstraintError) as ei:
+        c.compile(G(slow1))
+    assert ei.value.kind == "CompileTimeout"
+    assert c.compiles_running == (0, 1)
+    # the one normal slot is free again: a new cold compile is not blocked
+    t0 = time.perf_counter()
+    assert c.compile(G('root ::= "fast"'))[1].cache == "built"
+    assert time.perf_counter() - t0 < 0.5
+    # a repeated pathological request fails fast
+    t0 = time.perf_counter()
+    with pytest.raises(ConstraintError):
+        c.compile(G(slow1))
+    assert time.perf_counter() - t0 < 0.1
+    # abandoned pool full: the next timed-out build keeps its slot until it ends
+    with pytest.raises(ConstraintError):
+        c.compile(G(slow2))
+    assert c.compiles_running == (1, 1)
+    ts, out = run_threads(lambda i: c.compile(G('root ::= "queued"')), 1)
+    time.sleep(0.2)
+    assert out[0] is None  # waiting for the slot
+    g2.set()
+    ts[0].join(5)
+    assert out[0][1].cache == "built"
+    g1.set()
+    deadline = time.time() + 5
+    while c.compiles_running != (0, 0) and time.time() < deadline:
+        time.sleep(0.01)
+    assert c.compiles_running == (0, 0)
+    # the late results were discarded (not cached); the failure is remembered
+    assert c.cache_key(G(slow1)) not in c._entries
+    with pytest.raises(ConstraintError):
+        c.compile(G(slow1))
+
+
+def _big_vocab() -> Vocabulary:
+    rng = random.Random(0)
+    letters = b"abcdefghijklmnopqrstuvwxyz0123456789"
+    toks = [bytes([i]) for i in range(256)] + [b"<eos>"] + [
+        bytes(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(5000)
+    ]
+    return Vocabulary(vocab_size=len(toks) + 3, token_bytes=tuple(toks), eos_ids=(256,))
+
+
+def test_real_pathological_compile_times_out_while_others_proceed():
+    c = ConstraintCompiler(_big_vocab(), compile_timeout_s=0.4)
+    c.compile(G('root ::= "warm"'))  # index built, entry cached
+    n = 4000
+    rules = ["root ::= r0"] + [
+        f'r{i} ::= [a-{chr(ord("c") + i % 20)}0-{i % 9}]* "{chr(97 + i % 26)}" r{i + 1}' for i in range(n)
+    ] + [f'r{n} ::= ""']
+    patho = G("\n".join(rules))
+    result = {}
+
+    def slow():
+        t0 = time.perf_counter()
+        try:
+            c.compile(patho)
+        except ConstraintError as exc:
+            result["err"] = exc
+        result["t"] = time.perf_counter() - t0
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    assert c.compile(G('root ::= "warm"'))[1].cache == "hit"
+    assert c.compile(G('root ::= "other" [0-9]'))[1].cache == "built"
+    others = time.perf_counter() - t0
+    t.join(10)
+    assert result["err"].kind == "CompileTimeout"
+    assert others < result["t"]
+    deadline = time.time() + 20  # let the abandoned compile finish before other tests
+    while c.compiles_running != (0, 0) and time.time() < deadline:
+        time.sleep(0.05)

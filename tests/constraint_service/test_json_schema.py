@@ -1,0 +1,191 @@
+"""JSON Schema contract (issue 4): located rejections, per-keyword enforcement through xgrammar."""
+import json
+
+import pytest
+import xgrammar as xgr
+
+from constraint_service.errors import ConstraintError
+from constraint_service.json_schema import json_schema_to_ebnf
+
+_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
+
+
+def lang(schema):
+    compiled = _COMPILER.compile_grammar(json_schema_to_ebnf(json.dumps(schema)))
+
+    def accepts(text: str) -> bool:
+        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return m.accept_string(text.encode("utf-8")) and m.is_completed()
+
+    return accepts
+
+
+def rejected(schema, kind="UnsupportedSchema"):
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(json.dumps(schema))
+    assert ei.value.kind == kind, (ei.value.kind, ei.value.message)
+    return ei.value.location
+
+
+UNSUPPORTED = [
+    ({"properties": {"a": {"if": {"type": "string"}, "then": {"minLength": 1}}}}, "/properties/a/if"),
+    ({"then": {}}, "/then"),
+    ({"else": {}}, "/else"),
+    ({"dependentRequired": {"a": ["b"]}}, "/dependentRequired"),
+    ({"dependentSchemas": {"a": {}}}, "/dependentSchemas"),
+    ({"type": "array", "uniqueItems": True}, "/uniqueItems"),
+    ({"items": {"contains": {"type": "integer"}}}, "/items/contains"),
+    ({"minContains": 1}, "/minContains"),
+    ({"maxContains": 1}, "/maxContains"),
+    ({"type": "number", "multipleOf": 2}, "/multipleOf"),
+    ({"patternProperties": {"^a": {}}}, "/patternProperties"),
+    ({"propertyNames": {"maxLength": 3}}, "/propertyNames"),
+    ({"minProperties": 1}, "/minProperties"),
+    ({"maxProperties": 1}, "/maxProperties"),
+    ({"unevaluatedProperties": False}, "/unevaluatedProperties"),
+    ({"unevaluatedItems": False}, "/unevaluatedItems"),
+    ({"type": "string", "format": "date"}, "/format"),
+    ({"anyOf": [{"not": {"type": "null"}}]}, "/anyOf/0/not"),
+    ({"fooBar": 1}, "/fooBar"),
+    ({"$ref": "http://example.com/schema.json"}, "/$ref"),
+    ({"$defs": {"a": {"$id": "http://x/y", "type": "string"}}, "$ref": "#/$defs/a"}, "/$defs/a/$id"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"type": "string"}},
+      "properties": {"x": {"$ref": "#/definitions/a", "maxLength": 3}}}, "/properties/x/maxLength"),
+    ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, "/oneOf"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
+    ({"dependencies": {"a": ["b"]}}, "/dependencies"),
+    ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
+    ({"type": "string", "pattern": "\\p{L}"}, "/pattern"),
+    ({"$dynamicRef": "#a"}, "/$dynamicRef"),
+]
+
+
+@pytest.mark.parametrize("schema,pointer", UNSUPPORTED)
+def test_unsupported_keyword_is_located(schema, pointer):
+    assert rejected(schema) == pointer
+
+
+def test_limits_are_named():
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "a", "maxLength": 9000}))
+    assert ei.value.kind == "UnsupportedSchema" and "string_length_bound" in ei.value.message
+    assert ei.value.location == ""
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "[ab]*a[ab]{15}", "maxLength": 200,
+                                         "allOf": [{"pattern": "[ab]*b[ab]{15}"}]}))
+    assert ei.value.kind == "UnsupportedSchema" and "states" in ei.value.message
+
+
+UNSAT = [
+    ({"type": "string", "enum": [1, 2]}, "/enum"),
+    ({"type": "integer", "minimum": 5, "maximum": 3}, ""),
+    ({"properties": {"a": False}, "required": ["a"], "type": "object"}, "/required"),
+    ({"type": "object", "additionalProperties": False, "required": ["zz"]}, "/required"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, ""),
+]
+
+
+@pytest.mark.parametrize("schema,pointer", UNSAT)
+def test_unsatisfiable(schema, pointer):
+    assert rejected(schema, "UnsatisfiableSchema") == pointer
+
+
+def test_invalid_schema():
+    assert rejected({"type": "strin"}, "InvalidSchema") == "/type"
+    assert rejected({"minLength": -1}, "InvalidSchema") == "/minLength"
+    assert rejected({"$ref": "#/$defs/missing"}, "InvalidSchema") == "/$ref"
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf("{not json")
+    assert ei.value.kind == "InvalidSchema"
+
+
+# (schema, accepted instances (canonical text), refused instances)
+ENFORCED = {
+    "type": ({"type": "integer"}, ["1", "-7", "0"], ['"1"', "1.5", "true", "01"]),
+    "type-array": ({"type": ["string", "null"]}, ['"a"', "null"], ["1", "false"]),
+    "boolean": ({"type": "boolean"}, ["true", "false"], ["null", "1"]),
+    "null": ({"type": "null"}, ["null"], ["0"]),
+    "empty-schema": ({}, ['{"a":[1,{"b":null}]}', "1.5e3", '"x"'], ["{a:1}", "[1,]"]),
+    "true-schema": (True, ["[]"], ["[,]"]),
+    "properties": ({"type": "object", "properties": {"a": {"type": "integer"}}}, ['{"a":1}', "{}"], ['{"a":"x"}']),
+    "required": ({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["b"]}, ['{"b":1}', '{"a":1,"b":2}'], ['{"a":1}', "{}"]),
+    "additionalProperties-absent": ({"type": "object", "properties": {"a": {}}}, ['{"a":1,"z":2}', '{"z":2}'], ['{"z":2,"z"}']),
+    "additionalProperties-false": ({"type": "object", "properties": {"a": {}}, "additionalProperties": False}, ['{"a":1}'], ['{"a":1,"z":2}']),
+    "additionalProperties-schema": ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+                                    ['{"a":1,"z":"s"}'], ['{"a":1,"z":2}', '{"a":1,"a":"s"}']),
+    "declared-order": ({"type": "object", "properties": {"a": {}, "b": {}}}, ['{"a":1,"b":2}'], ['{"b":2,"a":1}', '{"a": 1}']),
+    "items": ({"type": "array", "items": {"type": "integer"}}, ["[]", "[1,2]"], ['[1,"a"]', "[1, 2]"]),
+    "prefixItems": ({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}},
+                    ['["a",1]', '["a"]', "[]"], ["[1]", '["a","b"]']),
+    "items-false": ({"prefixItems": [{"type": "string"}], "items": False, "type": "array"}, ['["a"]'], ['["a",1]']),
+    "minItems": ({"type": "array", "minItems": 2}, ["[1,2]"], ["[1]"]),
+    "maxItems": ({"type": "array", "maxItems": 1}, ["[1]", "[]"], ["[1,2]"]),
+    "minLength": ({"type": "string", "minLength": 2}, ['"ab"', '"\\n\\n"', '"é😀"'], ['"a"', '"\\n"']),
+    "maxLength": ({"type": "string", "maxLength": 2}, ['"ab"', '"\\"\\\\"', '""'], ['"abc"']),
+    "pattern-search": ({"type": "string", "pattern": "[0-9]"}, ['"ab3c"', '"1"'], ['"abc"']),
+    "pattern-anchored": ({"type": "string", "pattern": "^[a-z]+$"}, ['"abc"'], ['"ab1"', '""']),
+    "pattern+length": ({"type": "string", "pattern": "^a", "maxLength": 3}, ['"a"', '"abc"'], ['"abcd"', '"ba"']),
+    "canonical-escapes": ({"type": "string"}, ['"\\u0001\\t\\""', '"é"'], ['"\\u0041"', '"\\/"', '"\\u00e9"', '"\t"']),
+    "minimum": ({"type": "integer", "minimum": 3}, ["3", "40"], ["2", "-3"]),
+    "maximum": ({"type": "integer", "maximum": 3}, ["3", "-40"], ["4"]),
+    "exclusiveMinimum": ({"type": "number", "exclusiveMinimum": 0}, ["0.5", "3"], ["0", "-0.5", "0.0"]),
+    "exclusiveMaximum": ({"type": "number", "exclusiveMaximum": 1}, ["0.5", "-3"], ["1", "1.0", "0.99999999999999999999"]),
+    "number-bounds": ({"type": "number", "minimum": 0.1, "maximum": 0.3}, ["0.1", "0.2", "0.3"], ["0.09", "0.31", "1"]),
+    "int64": ({"type": "integer"}, ["9223372036854775807", "-9223372036854775808"], ["9223372036854775808"]),
+    "const": ({"const": {"a": [1, "x"]}}, ['{"a":[1,"x"]}'], ['{"a":[1]}']),
+    "enum": ({"enum": ["a", 1, None]}, ['"a"', "1", "null", "1.0"], ['"b"', "2"]),
+    "enum-filtered": ({"type": "string", "enum": ["a", 1, "bb"], "maxLength": 1}, ['"a"'], ["1", '"bb"']),
+    "anyOf": ({"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]}, ['"x"', "5"], ["-1", "null"]),
+    "anyOf-siblings": ({"type": "object", "properties": {"k": {"type": "string"}}, "anyOf": [{"required": ["k"]}]},
+                       ['{"k":"v"}'], ["{}", '{"k":1}']),
+    "oneOf-types": ({"oneOf": [{"type": "string"}, {"type": "null"}]}, ['"a"', "null"], ["1"]),
+    "oneOf-discriminator": ({"oneOf": [
+        {"type": "object", "properties": {"t": {"const": "a"}, "x": {"type": "integer"}}, "required": ["t"]},
+        {"type": "object", "properties": {"t": {"const": "b"}, "x": {"type": "string"}}, "required": ["t"]}]},
+        ['{"t":"a","x":1}', '{"t":"b","x":"s"}'], ['{"t":"a","x":"s"}', '{"t":"c"}']),
+    "allOf": ({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}]}, ["0", "5"], ["6", "-1"]),
+    "allOf-closure": ({"allOf": [{"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+                                 {"properties": {"b": {}}}]}, ['{"a":1}', "{}"], ['{"b":1}']),
+    "allOf-strings": ({"allOf": [{"type": "string", "pattern": "a"}, {"pattern": "b"}]}, ['"ab"', '"ba"'], ['"aa"']),
+    "$ref-$defs": ({"$defs": {"p": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/p"}}, "type": "object"},
+                   ['{"x":1}'], ['{"x":"1"}']),
+    "definitions": ({"definitions": {"p": {"type": "integer"}}, "items": {"$ref": "#/definitions/p"}, "type": "array"},
+                    ["[1]"], ['["1"]']),
+    "$ref-recursion": ({"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#"}},
+                        "additionalProperties": False}, ['{"v":1,"next":{"v":2,"next":{}}}'], ['{"next":{"v":"x"}}']),
+    "$ref-siblings-2020": ({"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 2}, ['"ab"'], ['"abc"', "1"]),
+    "draft7-items-array": ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+                            "items": [{"type": "string"}], "additionalItems": {"type": "integer"}},
+                           ['["a",1]'], ['["a","b"]', "[1]"]),
+    "draft7-additionalItems-false": ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+                                      "items": [{"type": "string"}], "additionalItems": False}, ['["a"]'], ['["a",1]']),
+    "annotations": ({"type": "string", "title": "t", "description": "d", "default": "x", "examples": ["y"],
+                     "$comment": "c", "readOnly": True, "writeOnly": False, "deprecated": False}, ['"s"'], ["1"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENFORCED))
+def test_keyword_enforced(name):
+    schema, good, bad = ENFORCED[name]
+    acc = lang(schema)
+    for g in good:
+        assert acc(g), (name, g)
+    for b in bad:
+        assert not acc(b), (name, b)
+
+
+def test_optional_properties_linear_and_correct():
+    props = {f"p{i}": {"type": "integer"} for i in range(40)}
+    ebnf = json_schema_to_ebnf(json.dumps({"type": "object", "properties": props, "additionalProperties": False}))
+    assert len(ebnf) < 30_000
+    acc = lang({"type": "object", "properties": props, "additionalProperties": False})
+    assert acc("{}") and acc('{"p3":1}') and acc('{"p0":1,"p39":2}') and acc('{"p5":1,"p6":2,"p30":3}')
+    assert not acc('{"p6":1,"p5":2}') and not acc('{,"p1":1}') and not acc('{"p1":1,}')
+
+
+def test_unknown_keywords_opt_in_annotation_mode():
+    src = json.dumps({"type": "string", "x-custom": 1, "javaName": "y"})
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(src)
+    assert ei.value.location == "/javaName"
+    assert "root" in json_schema_to_ebnf(src, unknown_keywords="annotate")
