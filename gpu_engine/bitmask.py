@@ -17,13 +17,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the one width helper lives with the ring layout (docs/INTERNALS.md)
-    from shared_memory.layout import bitmask_words
-except ImportError:  # pragma: no cover - layout module not built yet
-
-    def bitmask_words(vocab_size: int) -> int:
-        """Number of 32-bit words for ``vocab_size`` tokens: ``(V + 31) // 32``."""
-        return (vocab_size + 31) // 32
+from shared_memory.layout import bitmask_words  # the one width helper (docs/INTERNALS.md)
 
 
 __all__ = [
@@ -94,7 +88,7 @@ def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
 
 
 def words_from_numpy(words_u32) -> torch.Tensor:
-    """Zero-copy torch.int32 view of a numpy uint32 bitmask array (CPU)."""
+    """torch.int32 view (CPU) of a numpy uint32 bitmask array; zero-copy when contiguous."""
     import numpy as np
 
     return torch.from_numpy(np.ascontiguousarray(words_u32).view(np.int32))

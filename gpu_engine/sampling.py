@@ -73,6 +73,10 @@ class SamplingTensors:
             request's output so far, or ``None``: then no penalty work is done
             at all (a structural choice made once per batch layout; deciding
             per step from the values would need a host sync).
+        use_filters: Python bool, static. ``False`` promises that no row uses
+            top-k, top-p or min-p; the sort is then skipped (plain softmax and
+            argmax, same result). The engine decides it from host-side request
+            parameters when it builds the batch layout; ``True`` is always safe.
     """
 
     temperature: torch.Tensor
@@ -84,6 +88,7 @@ class SamplingTensors:
     repetition_penalty: torch.Tensor
     seed: torch.Tensor
     output_counts: torch.Tensor | None = None
+    use_filters: bool = True
 
     @classmethod
     def make(
@@ -111,6 +116,14 @@ class SamplingTensors:
             t = torch.as_tensor(v, dtype=dtype)
             return t.expand(batch_size).clone().to(device) if t.dim() == 0 else t.to(device)
 
+        def host(v, dtype):
+            return torch.as_tensor(v, dtype=dtype).cpu()
+
+        use_filters = bool(
+            (host(top_k, torch.int32) > 0).any()
+            or (host(top_p, torch.float32) < 1).any()
+            or (host(min_p, torch.float32) > 0).any()
+        )
         return cls(
             temperature=col(temperature, torch.float32),
             top_k=col(top_k, torch.int32),
@@ -121,6 +134,7 @@ class SamplingTensors:
             repetition_penalty=col(repetition_penalty, torch.float32),
             seed=col(seed, torch.int64),
             output_counts=None if output_counts is None else output_counts.to(device),
+            use_filters=use_filters,
         )
 
     def repeat_rows(self, n: int, output_counts: torch.Tensor | None = None) -> "SamplingTensors":
@@ -133,11 +147,11 @@ class SamplingTensors:
         def rep(t: torch.Tensor) -> torch.Tensor:  # expand + reshape: no sync, graph safe
             return t.unsqueeze(1).expand(t.shape[0], n, *t.shape[1:]).flatten(0, 1)
 
-        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "use_filters"}
         if output_counts is None and self.output_counts is not None:
             output_counts = rep(self.output_counts)
         kw = {name: (output_counts if name == "output_counts" else rep(t)) for name, t in kw.items()}
-        return SamplingTensors(**kw)
+        return SamplingTensors(**kw, use_filters=self.use_filters)
 
 
 def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -210,6 +224,11 @@ def target_probs(
 
     greedy = st.temperature <= 0
     temp = torch.where(greedy, 1.0, st.temperature).unsqueeze(-1)
+    if not st.use_filters:  # no top-k / min-p / top-p anywhere: no sort needed
+        # torch.argmax returns the first maximal index: ties → smaller id.
+        onehot = torch.zeros_like(z).scatter_(-1, torch.argmax(z, -1, keepdim=True), 1.0)
+        p = torch.where(greedy.unsqueeze(-1), onehot, torch.softmax(z / temp, dim=-1))
+        return torch.where(bad.unsqueeze(-1), 0.0, p), err
     # One stable descending sort serves top-k, min-p, top-p and greedy: ties
     # keep ascending token order, so rank 0 is the smallest-id legal argmax.
     s_sorted, idx = torch.sort(z / temp, dim=-1, descending=True, stable=True)

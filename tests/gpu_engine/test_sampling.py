@@ -73,6 +73,27 @@ def test_probs_match_oracle(vocab_size, name, params):
         np.testing.assert_allclose(probs[r].double().numpy(), ref, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
+def test_sort_free_fast_path_equals_filter_path(temperature):
+    """``use_filters=False`` (no top-k/top-p/min-p anywhere) must give the same ``p``."""
+    v, b = 70, 6
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(b, v, generator=gen) * 2
+    logits[:, [3, 50]] = 4.0                      # a tie for greedy
+    allowed = torch.rand(b, v, generator=gen) < 0.5
+    allowed[:, [3, 50]] = True
+    counts = _counts(b, v, gen)
+    st = _st(b, dict(temperature=temperature, presence=0.3, repetition=1.2), counts)
+    assert st.use_filters is False
+    fast, err_fast = target_probs(logits, st, pack_bitmask(allowed), None)
+    st.use_filters = True
+    slow, err_slow = target_probs(logits, st, pack_bitmask(allowed), None)
+    assert torch.equal(err_fast, err_slow)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    if temperature == 0:
+        assert torch.equal(fast, slow)
+
+
 def test_unconstrained_batch_does_no_mask_work(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("mask work on a pure unconstrained batch")

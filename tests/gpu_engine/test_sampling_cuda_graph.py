@@ -38,7 +38,8 @@ def _inputs(seed, device):
              q_probs=q_probs, nd=torch.randint(0, K + 1, (B,), generator=g, dtype=torch.int32),
              eos=torch.tensor([7, 11]), pos=torch.randint(0, 1000, (B,), generator=g), st=st)
     return {k: (v if k == "st" else v.to(device)) for k, v in d.items()} | {
-        "st": SamplingTensors(**{f: (None if t is None else t.to(device)) for f, t in vars(st).items()})}
+        "st": SamplingTensors(**{f: (t.to(device) if isinstance(t, torch.Tensor) else t)
+                                 for f, t in vars(st).items()})}
 
 
 def _step(x):
@@ -53,7 +54,8 @@ def _copy_into(dst, src):
     for k, v in src.items():
         if k == "st":
             for f, t in vars(v).items():
-                getattr(dst["st"], f).copy_(t)
+                if isinstance(t, torch.Tensor):
+                    getattr(dst["st"], f).copy_(t)
         else:
             dst[k].copy_(v)
 
