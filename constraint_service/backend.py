@@ -175,34 +175,6 @@ class XGrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError
             raise translate_xgrammar_error(exc, source, kind) from None
 
-    @staticmethod
-    def grammar_from_regex(regex: str) -> "xgr.Grammar":
-        """xgrammar's own regex converter (fallback until ``constraint_service.regex``).
-
-        Raises:
-            ConstraintError: ``InvalidRegex``.
-        """
-        try:
-            return xgr.Grammar.from_regex(regex)
-        except Exception as exc:
-            err = translate_xgrammar_error(exc, regex, "InvalidRegex")
-            raise ConstraintError("InvalidRegex", err.message, "") from None
-
-    @staticmethod
-    def grammar_from_json_schema(schema_text: str) -> "xgr.Grammar":
-        """xgrammar's schema converter, compact separators, declared order
-        (fallback until ``constraint_service.json_schema``).
-
-        Raises:
-            ConstraintError: ``InvalidSchema``.
-        """
-        try:
-            return xgr.Grammar.from_json_schema(
-                schema_text, any_whitespace=False, separators=(",", ":"), strict_mode=False
-            )
-        except Exception as exc:
-            raise ConstraintError("InvalidSchema", _clean_message(str(exc)), "") from None
-
     def compile(self, grammar: "xgr.Grammar", *, kind: str, key: tuple) -> CompiledConstraint:
         """Compile a parsed grammar against this vocabulary (single-threaded, GIL released).
 

@@ -34,7 +34,6 @@ characters so a model cannot loop forever on blanks.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 import time
@@ -168,29 +167,26 @@ class _Build:
     holds_slot: bool = True  # False once moved to the abandoned pool
 
 
-def _module_available(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _regex_grammar(regex: str):
-    """Indirection: ``constraint_service.regex`` when present, else xgrammar's converter."""
-    if _module_available("constraint_service.regex"):
-        from .regex import regex_to_ebnf  # type: ignore
+    """Full-match ECMAScript-subset regex → grammar (``constraint_service.regex``).
 
-        return XGrammarBackend.parse_ebnf(regex_to_ebnf(regex), kind="InvalidRegex")
-    return XGrammarBackend.grammar_from_regex(regex)  # fallback, removed when regex/ lands
+    Raises:
+        ConstraintError: ``InvalidRegex`` with ``line:col``.
+    """
+    from .regex import regex_to_ebnf
+
+    return XGrammarBackend.parse_ebnf(regex_to_ebnf(regex), kind="InvalidRegex")
 
 
 def _json_schema_grammar(schema_text: str):
-    """Indirection: ``constraint_service.json_schema`` when present, else xgrammar's converter."""
-    if _module_available("constraint_service.json_schema"):
-        from .json_schema import json_schema_to_ebnf  # type: ignore
+    """JSON Schema → grammar through our schema contract (``constraint_service.json_schema``).
 
-        return XGrammarBackend.parse_ebnf(json_schema_to_ebnf(schema_text), kind="InvalidSchema")
-    return XGrammarBackend.grammar_from_json_schema(schema_text)  # fallback
+    Raises:
+        ConstraintError: ``InvalidSchema`` / ``UnsupportedSchema`` / ``UnsatisfiableSchema`` with a JSON Pointer.
+    """
+    from .json_schema import json_schema_to_ebnf
+
+    return XGrammarBackend.parse_ebnf(json_schema_to_ebnf(schema_text), kind="InvalidSchema")
 
 
 class ConstraintCompiler:

@@ -22,7 +22,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ninfer.telemetry import get_tracer
@@ -53,6 +52,9 @@ class EngineStats:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     per_step_wait_ms: list[float] = field(default_factory=list)
+    draft_s: float = 0.0  # time spent proposing drafts (exposed: the Step message waits for the draft ids)
+    spec_steps: int = 0  # steps in which at least one row had drafts
+    per_step_draft_ms: list[float] = field(default_factory=list)  # draft time of each spec step
 
 
 class Engine:
@@ -88,6 +90,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._drafters: dict = {}
         self._special = frozenset(vocab.special_ids)
+        program.eos_ids = tuple(sorted(self.eos))  # speculative verify ends a row at an accepted EOS draft
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -108,6 +111,7 @@ class Engine:
                 self._finish(r, "cancelled")
         if self.sidecar is not None:
             self.sidecar.stop()
+        self.program.close()  # CUDA: unregister the ring before it is unmapped
         if self.ring is not None:
             self.ring.close()
             self.ring.unlink()
@@ -158,6 +162,12 @@ class Engine:
             if r.cancelled.is_set():
                 self._finish(r, "cancelled")
                 continue
+            if r.constraint is not None and self.sidecar is not None and r.sidecar_generation != self.sidecar.generation:
+                # prepared in a sidecar that has since died: its session is gone
+                self._finish(r, "error", error=RowError("ConstraintServiceUnavailable",
+                                                        "the constraint sidecar restarted before this request ran",
+                                                        "UNAVAILABLE"))
+                continue
             r.lane = lane
             r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
             self._lanes[lane] = r
@@ -181,33 +191,70 @@ class Engine:
         self.stats.steps += 1
         return True
 
-    def _drafts_for(self, r: Request) -> list[int]:
-        """Draft tokens for a decode row (empty without speculation or on its first token)."""
+    def _draft_budget(self, r: Request) -> int:
+        """Drafts a decode row may get this step (0 without speculation or on its first token).
+
+        Bounded by the request's K, the ring's K (``self.num_draft_tokens``), the
+        output budget (the correction / bonus needs one more token) and the lane's
+        context (the verify forward writes positions ``num_cached .. num_cached + k``).
+        """
         if r.spec_method == "none" or r.num_draft_tokens <= 0 or not r.output_ids:
-            return []
+            return 0
         budget = r.max_tokens - len(r.output_ids) - 1
         room = self.program.max_seq_len - r.num_cached - 2
-        k = min(r.num_draft_tokens, budget, room)
-        if k <= 0:
-            return []
-        drafter = self._drafters.get(r.spec_method)
+        return max(0, min(r.num_draft_tokens, self.num_draft_tokens, budget, room))
+
+    def _drafter(self, method: str):
+        drafter = self._drafters.get(method)
         if drafter is None:
             from .drafters import make_drafter
 
-            drafter = self._drafters[r.spec_method] = make_drafter(r.spec_method, self.program, self.draft_layers)
-        return drafter.propose(r, k)
+            drafter = self._drafters[method] = make_drafter(method, self.program, self.draft_layers)
+        return drafter
+
+    def _drafts_for(self, r: Request) -> list[int]:
+        """Draft tokens for one decode row (see :meth:`_drafts_for_rows`)."""
+        drafts, draft_q = self._drafts_for_rows([r])
+        d = drafts.get(r.lane, [])
+        return (d, draft_q[r.lane]) if r.lane in draft_q else d
+
+    def _drafts_for_rows(self, rows: list[Request]) -> tuple[dict[int, list[int]], dict]:
+        """This step's drafts, one batched ``propose_batch`` call per speculative method.
+
+        Returns:
+            ``drafts``: lane → draft ids (only rows that got some);
+            ``draft_q``: lane → ``(q_ids [k, S] int64, q_probs [k, S] float32)`` for
+            drafters with a sparse q (rows absent here have a one-hot q).
+        """
+        groups: dict[str, tuple[list[Request], list[int]]] = {}
+        for r in rows:
+            k = self._draft_budget(r)
+            if k > 0:
+                rs, ks = groups.setdefault(r.spec_method, ([], []))
+                rs.append(r)
+                ks.append(k)
+        drafts: dict[int, list[int]] = {}
+        draft_q: dict = {}
+        for method, (rs, ks) in groups.items():
+            for r, d in zip(rs, self._drafter(method).propose_batch(rs, ks)):
+                if isinstance(d, tuple):  # sampled drafter: (ids, (q_ids, q_probs))
+                    d, q = d
+                    if d:
+                        draft_q[r.lane] = q
+                if d:
+                    drafts[r.lane] = list(d)
+        return drafts, draft_q
 
     def _step_rows(self, rows: list[Request]) -> None:
         prog = self.program
         # Drafts (speculation) for rows that are past their first token.
-        drafts: dict[int, list[int]] = {}
-        draft_q: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for r in rows:
-            d = self._drafts_for(r)
-            if d and isinstance(d, tuple):  # sampled drafter: (ids, (q_ids, q_probs))
-                d, q = d
-                draft_q[r.lane] = q
-            drafts[r.lane] = list(d)
+        td = time.perf_counter()
+        drafts, draft_q = self._drafts_for_rows(rows)
+        if drafts:
+            dt = time.perf_counter() - td
+            self.stats.draft_s += dt
+            self.stats.spec_steps += 1
+            self.stats.per_step_draft_ms.append(dt * 1e3)
         constrained = [r for r in rows if r.constraint is not None]
         seq = slot = -1
         sent = False
@@ -254,13 +301,11 @@ class Engine:
                     elif x.status == "dead_end" and not drafts.get(r.lane):
                         self._finish(r, "error", error=RowError(
                             "ConstraintDeadEnd", "the constraint allows no further token", "FAILED_PRECONDITION"))
-                lanes = [r.lane for r in rows]
-                words_np = self.ring.bitmask(slot)[lanes]  # [B, K+1, W] uint32 (copy: fancy indexing)
-                status_np = self.ring.status(slot)[lanes]  # [B, K+1] uint8
-                words = torch.from_numpy(words_np.view(np.int32))
-                status = torch.from_numpy(status_np)
+                # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
+                # registered ring into the device bitmask (prog.stage_masks documents both).
+                words, status, nbytes = prog.stage_masks(self.ring, slot, rows)
                 enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
-                self.stats.mask_h2d_bytes += words_np.nbytes
+                self.stats.mask_h2d_bytes += nbytes
         live_idx = [i for i, r in enumerate(rows) if not r.finished]
         if not live_idx:
             return
@@ -269,20 +314,33 @@ class Engine:
             rows = [rows[i] for i in live_idx]
             logits = logits.index_select(0, sel)
             if words is not None:
-                words, status, enabled = words.index_select(0, sel), status.index_select(0, sel), enabled.index_select(0, sel)
+                words, enabled = words.index_select(0, sel), enabled.index_select(0, sel)
+                status = None if status is None else status.index_select(0, sel)
         out = prog.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
         for i, r in enumerate(rows):
             toks, err = out[i]
             if err is not None:
                 self._finish(r, "error", error=err)
                 continue
-            nd = len(drafts.get(r.lane, []))
-            if nd:
-                r.draft_tokens += nd
-                r.accepted_draft_tokens += max(0, len(toks) - 1)
-                self.stats.draft_tokens += nd
-                self.stats.accepted_draft_tokens += max(0, len(toks) - 1)
+            d = drafts.get(r.lane, [])
+            if d:
+                acc = self._num_accepted(toks, d)
+                r.draft_tokens += len(d)
+                r.accepted_draft_tokens += acc
+                self.stats.draft_tokens += len(d)
+                self.stats.accepted_draft_tokens += acc
             self._commit(r, toks)
+
+    def _num_accepted(self, toks: list[int], drafts: list[int]) -> int:
+        """Accepted drafts among a verified row's committed tokens.
+
+        ``toks`` is ``drafts[:n] + [correction or bonus]``, or ``drafts[:n]`` when an
+        accepted EOS draft ended the row (then no further token is drawn).
+        """
+        n = len(toks)
+        if n and n <= len(drafts) and toks[-1] in self.eos and toks == drafts[:n]:
+            return n
+        return max(0, n - 1)
 
     def _sidecar_lost(self, rows: list[Request], why: str) -> None:
         log.error("constraint sidecar lost: %s", why)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from .errors import RowError
@@ -37,6 +38,8 @@ class Program:
         device: the model's device.
     """
 
+    eos_ids: tuple[int, ...] = ()  # end-of-sequence ids; set by the Engine (speculative verify needs them)
+
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
         self.model = model
         self.vocab_size = vocab_size
@@ -46,6 +49,25 @@ class Program:
 
     def release_lane(self, lane: int) -> None:
         """Forget a lane's KV (nothing to do: positions are overwritten by the next owner)."""
+
+    def close(self) -> None:
+        """Release device-side resources tied to the ring (nothing on the CPU). Call before the ring closes."""
+
+    def stage_masks(self, ring, slot: int, rows: list[Request]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """This step's bitmasks and statuses for ``rows``, read from ring slot ``slot``.
+
+        Args:
+            ring: the engine's :class:`shared_memory.ring.MaskRing` (slot already checked).
+            rows: the step's rows (lane order as given).
+
+        Returns:
+            ``words``: ``[B, K+1, W]`` int32 CPU (a copy, rows in ``rows`` order);
+            ``status``: ``[B, K+1]`` uint8 CPU; ``nbytes``: bytes of ``words`` (mask H2D volume).
+        """
+        lanes = [r.lane for r in rows]
+        words_np = ring.bitmask(slot)[lanes]  # [B, K+1, W] uint32 (copy: fancy indexing)
+        status_np = ring.status(slot)[lanes]  # [B, K+1] uint8
+        return torch.from_numpy(words_np.view(np.int32)), torch.from_numpy(status_np), words_np.nbytes
 
     def _bucket(self, n: int) -> int:
         from .model.llama import context_bucket
@@ -72,6 +94,19 @@ class Program:
             else:
                 dec_idx.append(i)
                 dec_rows.append(r)
+        if T > 1:
+            # A padded row (fewer drafts than T - 1) must not write past its lane's context:
+            # such rows (only near max_seq_len) run alone with their own T.
+            tight = [j for j, r in enumerate(dec_rows) if r.num_cached + T > self.max_seq_len]
+            for j in reversed(tight):
+                i, r = dec_idx.pop(j), dec_rows.pop(j)
+                seq = [r.output_ids[-1]] + drafts.get(r.lane, [])
+                lg = self.model.forward(torch.tensor([seq], dtype=torch.int64, device=self.device),
+                                        torch.tensor([r.lane], dtype=torch.int64, device=self.device),
+                                        torch.tensor([r.num_cached], dtype=torch.int64, device=self.device),
+                                        max_context=self._bucket(r.num_cached + len(seq)))
+                out[i, : len(seq)] = lg[0].float()
+                out[i, len(seq):] = 0.0  # unused columns: finite placeholders
         if dec_rows:
             ids = torch.zeros(len(dec_rows), T, dtype=torch.int64)
             for j, r in enumerate(dec_rows):
@@ -154,7 +189,8 @@ def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
         loaded: a :class:`gpu_engine.model.loader.LoadedModel`.
         ring: the engine's :class:`shared_memory.ring.MaskRing` (registered as
             pinned host memory on CUDA).
-        cuda_graphs: ``"auto"`` (on when CUDA), ``"on"`` or ``"off"``.
+        cuda_graphs: ``"auto"`` (on when CUDA), ``"on"`` or ``"off"`` (CUDA: same static
+            buffers and phases, run eagerly).
     """
     dev = loaded.model.device
     if dev.type == "cuda":
