@@ -88,7 +88,8 @@ def load_schemas(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ the stack
-def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str):
+def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
+                tokenizer_from: str):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started)."""
     import torch
 
@@ -98,7 +99,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     from shared_memory.ring import MaskRing
 
     loaded = load_model(model, device=device, max_lanes=max_lanes, max_seq_len=max_seq_len,
-                        tokenizer_from=os.environ.get("NINFER_BENCH_TOKENIZER", "SmolLM2-135M-Instruct"))
+                        tokenizer_from=tokenizer_from)
     vocab = loaded.vocab
     geo = ring_geometry(max_lanes, 0, vocab.vocab_size)
     ring = MaskRing.create(f"ninfer-bench-{os.getpid()}", geo)
@@ -394,7 +395,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
 
     max_lanes = max(args.batches)
     engine, loaded, capture_s = build_stack(model, args.device, max_lanes, args.max_seq_len, args.cuda_graphs,
-                                            args.graph_context)
+                                            args.graph_context, tokenizer_from=args.model)
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),

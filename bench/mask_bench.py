@@ -161,6 +161,7 @@ class SidecarExec:
         self.bad_rows = 0
         self.checked = 0
         self.mask_errors = 0
+        self.work: list[float] = []  # sidecar-reported work seconds per step (commit + fill + response)
 
     def prepare(self, rid: str, schema_text: str) -> tuple[str, float]:
         info = self.sc.prepare(rid, "json_schema", schema_text, [], b"")
@@ -179,8 +180,9 @@ class SidecarExec:
         rows = [StepRow(ln.rid, i, [ln.traj[ln.pos - 1]] if ln.pos else [], []) for i, ln in enumerate(lanes)]
         t0 = time.perf_counter()
         self.sc.send_step(self.seq, slot, rows)
-        res, _work = self.sc.recv_step(self.seq)
+        res, work = self.sc.recv_step(self.seq)
         dt = time.perf_counter() - t0
+        self.work.append(work / len(lanes))
         self.ring.check_slot(slot, self.seq)
         bm = self.ring.bitmask(slot)
         for i, (ln, r) in enumerate(zip(lanes, res)):
@@ -426,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     us = 1e6
     ms = 1e3
     res_masks = {name: summary(v, us) for name, v in times.items()}
+    res_masks["sidecar_server_work"] = summary(side.work[args.warmup_steps:], us)
     mean = {n: float(np.mean(v)) for n, v in times.items()}
     med = {n: pct(v, 50) for n, v in times.items()}
     best_inproc = min(("inproc", "inproc_batch"), key=lambda n: mean[n])

@@ -29,7 +29,7 @@ from shared_memory.ring import MaskRing
 
 from .compiler import ConstraintCompiler
 from .errors import ConstraintError, IntegrityError
-from .session import OutputSession
+from .session import OutputSession, fill_rows
 from .types import ConstraintSpec
 from .vocab import Vocabulary
 
@@ -181,51 +181,81 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             yield self._step(req)
 
     def _step(self, req: pb.StepRequest) -> pb.StepResponse:
+        """One Step message: commit every row's tokens, then fill all masks of the slot in one batch.
+
+        Hot path (DESIGN.md "The hot path"): per row only the commit (preview + commit) runs in
+        Python; the lookahead masks of all rows go through :func:`fill_rows`, i.e. one xgrammar
+        batch fill (its thread pool) per lookahead position, written straight into the ring slot.
+        """
         t0 = time.perf_counter()
         ring = self._ring
+        rows = req.rows
         if ring is None:
             return pb.StepResponse(step_seq=req.step_seq, slot=req.slot, rows=[
                 pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_INTEGRITY_ERROR,
-                             error="no ring attached") for r in req.rows])
+                             error="no ring attached") for r in rows])
         bitmask, status = ring.bitmask(req.slot), ring.status(req.slot)
+        num_lanes = bitmask.shape[0]
         ring.begin_write(req.slot, req.step_seq)
-        results = []
-        for r in req.rows:
-            results.append(self._row(r, bitmask[r.row], status[r.row]))
-        ring.end_write(req.slot, req.step_seq)
-        return pb.StepResponse(step_seq=req.step_seq, slot=req.slot, rows=results,
-                               work_seconds=time.perf_counter() - t0)
-
-    def _row(self, r: pb.RowStep, bitmask, status) -> pb.RowResult:
-        live = self._sessions.get(r.request_id)
-        if live is None:
-            return pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_INTEGRITY_ERROR,
-                                error=f"no session for request {r.request_id!r}")
-        s = live.session
-        if r.commit_tokens:
+        sessions = self._sessions
+        OK, INTEGRITY = pb.ROW_STATUS_OK, pb.ROW_STATUS_INTEGRITY_ERROR
+        # per requested row: [request_id, row, status, complete, terminated, error]
+        out: list[list] = []
+        fill: list = [None] * num_lanes  # lane -> OutputSession to fill (None: not filled this step)
+        drafts_of: list = [()] * num_lanes
+        filled: list[tuple[int, int, _Live]] = []  # (index in out, lane, live)
+        seen: set[str] = set()
+        for r in rows:
+            rid, lane = r.request_id, r.row
+            live = sessions.get(rid)
+            if live is None:
+                out.append([rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}"])
+                continue
+            if lane >= num_lanes or fill[lane] is not None or rid in seen:
+                out.append([rid, lane, INTEGRITY, False, False,
+                            f"row {lane} of request {rid!r}: out of range (lanes={num_lanes}) or used twice"])
+                continue
+            seen.add(rid)
+            s = live.session
+            commit = r.commit_tokens
+            if commit:
+                try:
+                    s.preview(commit)
+                    s.commit()
+                except IntegrityError as e:
+                    s.discard()
+                    log.error("integrity error: request_id=%s row=%d tokens=%s: %s", rid, lane, list(commit), e)
+                    out.append([rid, lane, INTEGRITY, False, False, str(e)])
+                    continue
+            terminated = s.is_terminated
+            out.append([rid, lane, OK, s.is_complete, terminated, ""])
+            if terminated:
+                continue
+            fill[lane] = s
+            drafts_of[lane] = r.draft_tokens
+            filled.append((len(out) - 1, lane, live))
+        if filled:
             try:
-                s.preview(list(r.commit_tokens))
-                s.commit()
-            except IntegrityError as e:
-                s.discard()
-                log.error("integrity error: request_id=%s row=%d tokens=%s: %s", r.request_id, r.row,
-                          list(r.commit_tokens), e)
-                return pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_INTEGRITY_ERROR,
-                                    error=str(e))
-        res = pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_OK,
-                           complete=s.is_complete, terminated=s.is_terminated)
-        if s.is_terminated:
-            return res
-        drafts = list(r.draft_tokens)
-        try:
-            s.fill_lookahead(drafts, bitmask[: len(drafts) + 1], status[: len(drafts) + 1])
-        except IntegrityError as e:
-            res.status, res.error = pb.ROW_STATUS_INTEGRITY_ERROR, str(e)
-            return res
-        live.mask_positions += len(drafts) + 1
-        if int(status[0]) == STATUS_DEAD_END:
-            res.status, res.error = pb.ROW_STATUS_DEAD_END, "no legal next token (ConstraintDeadEnd)"
-        return res
+                errors = fill_rows(fill, drafts_of, bitmask, status)
+            except IntegrityError as e:  # malformed views: the whole step
+                errors = [e] * num_lanes
+            lane_status = status[:, 0]
+            for j, lane, live in filled:
+                err = errors[lane]
+                o = out[j]
+                if err is not None:
+                    o[2], o[5] = INTEGRITY, str(err)
+                    continue
+                live.mask_positions += len(drafts_of[lane]) + 1
+                if lane_status[lane] == STATUS_DEAD_END:
+                    o[2], o[5] = pb.ROW_STATUS_DEAD_END, "no legal next token (ConstraintDeadEnd)"
+        ring.end_write(req.slot, req.step_seq)
+        RowResult = pb.RowResult
+        return pb.StepResponse(
+            step_seq=req.step_seq, slot=req.slot,
+            rows=[RowResult(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5])
+                  for o in out],
+            work_seconds=time.perf_counter() - t0)
 
     def close(self) -> None:
         """Detach from the ring (does not unlink it)."""

@@ -1,0 +1,235 @@
+"""The constraint sidecar's gRPC servicer (``ninfer.constraint.v1.ConstraintService``).
+
+The engine registers its vocabulary and mask ring once, prepares one
+:class:`~constraint_service.session.OutputSession` per constrained request,
+and then drives every step through one bidirectional ``Step`` stream: each
+message confirms the tokens the engine committed last step (preview →
+commit), and asks for ``K + 1`` lookahead bitmask positions per row, which
+are written straight into the requested ring slot (seed 000 §5 "事务",
+§7 "位图布局", DESIGN.md "The hot path").
+
+Generated protobuf types stop here: everything below works on plain
+Python values and numpy views.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import grpc
+
+from ninfer.constraint.v1 import constraint_pb2 as pb
+from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
+from ninfer.telemetry import get_tracer
+from shared_memory.layout import STATUS_DEAD_END
+from shared_memory.ring import MaskRing
+
+from .compiler import ConstraintCompiler
+from .errors import ConstraintError, IntegrityError
+from .session import OutputSession
+from .types import ConstraintSpec
+from .vocab import Vocabulary
+
+log = logging.getLogger("ninfer.sidecar")
+_tracer = get_tracer("ninfer.constraint_service")
+
+_CACHE = {"hit": pb.CACHE_STATUS_HIT, "built": pb.CACHE_STATUS_BUILT, "waited": pb.CACHE_STATUS_WAITED}
+
+
+@dataclass
+class SidecarOptions:
+    """Sidecar tuning knobs.
+
+    Attributes:
+        cache_bytes: byte budget of retained compiled grammars (seed default 256 MiB).
+        max_cold_compiles: cold compiles running at once per vocabulary.
+        compile_timeout_s: compile deadline in seconds; a slower compile fails its request.
+    """
+
+    cache_bytes: int = 256 << 20
+    max_cold_compiles: int = 2
+    compile_timeout_s: float = 10.0
+
+
+@dataclass
+class _Live:
+    session: OutputSession
+    kind: str
+    mask_positions: int = 0
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, kind: str, message: str, location: str = "") -> None:
+    from clients.errors import make_rpc_status
+    from ninfer.v1 import generation_pb2 as gen_pb
+
+    context.abort_with_status(
+        make_rpc_status(code, gen_pb.ErrorDetail(code=code.name, kind=kind, message=message, location=location))
+    )
+
+
+class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
+    """Implements the internal constraint API over the mask ring.
+
+    Thread model: ``Prepare`` runs on gRPC worker threads (compiles are
+    bounded inside :class:`ConstraintCompiler`); ``Step`` is served by one
+    stream; a session is advanced only by that stream and by ``Close`` after
+    the engine stopped stepping it.
+    """
+
+    def __init__(self, options: SidecarOptions | None = None) -> None:
+        self.options = options or SidecarOptions()
+        self._lock = threading.Lock()
+        self._compiler: ConstraintCompiler | None = None
+        self._vocab_id = ""
+        self._ring: MaskRing | None = None
+        self._ring_name = ""
+        self._sessions: dict[str, _Live] = {}
+
+    # ------------------------------------------------------------------ setup
+    def RegisterVocabulary(self, request: pb.RegisterVocabularyRequest, context: grpc.ServicerContext):
+        if len(request.token_bytes) > request.vocab_size or request.vocab_size == 0:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "InvalidVocabulary",
+                   f"expected 0 < len(token_bytes) <= vocab_size, got {len(request.token_bytes)} > {request.vocab_size}")
+        vocab = Vocabulary(
+            vocab_size=int(request.vocab_size),
+            token_bytes=tuple(request.token_bytes),
+            special_ids=frozenset(int(i) for i in request.special_ids),
+            eos_ids=tuple(int(i) for i in request.eos_ids),
+        )
+        compiler = ConstraintCompiler(
+            vocab,
+            cache_bytes=self.options.cache_bytes,
+            max_cold_compiles=self.options.max_cold_compiles,
+            compile_timeout_s=self.options.compile_timeout_s,
+        )
+        with self._lock:
+            self._compiler = compiler
+            self._vocab_id = getattr(compiler, "vocab_id", "") or ""
+            self._sessions.clear()
+        return pb.RegisterVocabularyResponse(vocab_id=self._vocab_id)
+
+    def AttachRing(self, request: pb.AttachRingRequest, context: grpc.ServicerContext):
+        try:
+            ring = MaskRing.attach(request.name)
+        except Exception as e:  # noqa: BLE001 - reported to the engine as a structured error
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "RingError", f"cannot attach ring {request.name!r}: {e}")
+        g = ring.geometry
+        got = (g.num_slots, g.num_lanes, g.num_positions, g.num_words)
+        want = (request.num_slots, request.num_lanes, request.num_positions, request.num_words)
+        if got != want:
+            ring.close()
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "RingError",
+                   f"ring geometry mismatch: expected (slots, lanes, positions, words)={want}, found {got}")
+        with self._lock:
+            if self._ring is not None:
+                self._ring.close()
+            self._ring, self._ring_name = ring, request.name
+        return pb.AttachRingResponse()
+
+    @property
+    def ring_name(self) -> str:
+        """Name of the attached ring ("" if none)."""
+        return self._ring_name
+
+    # --------------------------------------------------------------- sessions
+    def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext):
+        t0 = time.perf_counter()
+        compiler = self._compiler
+        if compiler is None:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "NoVocabulary", "RegisterVocabulary must come first")
+        c = request.constraint
+        spec = ConstraintSpec(kind=c.kind, source=c.source, choices=tuple(c.choices))
+        with _tracer.start_as_current_span("constraint.prepare") as span:
+            span.set_attribute("ninfer.constraint.kind", c.kind)
+            try:
+                compiled, info = compiler.compile(spec)
+                session = OutputSession(compiled, prefix=bytes(request.prefix))
+            except ConstraintError as e:
+                span.set_attribute("ninfer.constraint.error", e.kind)
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, e.kind, e.message, e.location)
+            span.set_attribute("ninfer.constraint.cache", info.cache)
+        with self._lock:
+            if request.request_id in self._sessions:
+                _abort(context, grpc.StatusCode.ALREADY_EXISTS, "DuplicateRequest",
+                       f"request_id {request.request_id!r} already has a session")
+            self._sessions[request.request_id] = _Live(session, c.kind)
+        return pb.PrepareResponse(cache=_CACHE.get(info.cache, pb.CACHE_STATUS_UNSPECIFIED),
+                                  prepare_seconds=time.perf_counter() - t0, complete=session.is_complete)
+
+    def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext):
+        with self._lock:
+            live = self._sessions.pop(request.request_id, None)
+        if live is None:
+            _abort(context, grpc.StatusCode.NOT_FOUND, "UnknownRequest", f"no session for {request.request_id!r}")
+        err = ""
+        if request.final_tokens:
+            try:
+                live.session.preview(list(request.final_tokens))
+                live.session.commit()
+            except IntegrityError as e:
+                live.session.discard()
+                err = str(e)
+        return pb.CloseResponse(complete=live.session.is_complete, terminated=live.session.is_terminated,
+                                mask_positions=live.mask_positions, error=err)
+
+    # ------------------------------------------------------------------- step
+    def Step(self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext):
+        for req in request_iterator:
+            yield self._step(req)
+
+    def _step(self, req: pb.StepRequest) -> pb.StepResponse:
+        t0 = time.perf_counter()
+        ring = self._ring
+        if ring is None:
+            return pb.StepResponse(step_seq=req.step_seq, slot=req.slot, rows=[
+                pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_INTEGRITY_ERROR,
+                             error="no ring attached") for r in req.rows])
+        bitmask, status = ring.bitmask(req.slot), ring.status(req.slot)
+        ring.begin_write(req.slot, req.step_seq)
+        results = []
+        for r in req.rows:
+            results.append(self._row(r, bitmask[r.row], status[r.row]))
+        ring.end_write(req.slot, req.step_seq)
+        return pb.StepResponse(step_seq=req.step_seq, slot=req.slot, rows=results,
+                               work_seconds=time.perf_counter() - t0)
+
+    def _row(self, r: pb.RowStep, bitmask, status) -> pb.RowResult:
+        live = self._sessions.get(r.request_id)
+        if live is None:
+            return pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_INTEGRITY_ERROR,
+                                error=f"no session for request {r.request_id!r}")
+        s = live.session
+        if r.commit_tokens:
+            try:
+                s.preview(list(r.commit_tokens))
+                s.commit()
+            except IntegrityError as e:
+                s.discard()
+                log.error("integrity error: request_id=%s row=%d tokens=%s: %s", r.request_id, r.row,
+                          list(r.commit_tokens), e)
+                return pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_INTEGRITY_ERROR,
+                                    error=str(e))
+        res = pb.RowResult(request_id=r.request_id, row=r.row, status=pb.ROW_STATUS_OK,
+                           complete=s.is_complete, terminated=s.is_terminated)
+        if s.is_terminated:
+            return res
+        drafts = list(r.draft_tokens)
+        try:
+            s.fill_lookahead(drafts, bitmask[: len(drafts) + 1], status[: len(drafts) + 1])
+        except IntegrityError as e:
+            res.status, res.error = pb.ROW_STATUS_INTEGRITY_ERROR, str(e)
+            return res
+        live.mask_positions += len(drafts) + 1
+        if int(status[0]) == STATUS_DEAD_END:
+            res.status, res.error = pb.ROW_STATUS_DEAD_END, "no legal next token (ConstraintDeadEnd)"
+        return res
+
+    def close(self) -> None:
+        """Detach from the ring (does not unlink it)."""
+        with self._lock:
+            if self._ring is not None:
+                self._ring.close()
+                self._ring = None
