@@ -54,6 +54,7 @@ class EngineStats:
     per_step_wait_ms: list[float] = field(default_factory=list)
     draft_s: float = 0.0  # time spent proposing drafts (exposed: the Step message waits for the draft ids)
     spec_steps: int = 0  # steps in which at least one row had drafts
+    spec_rows: int = 0  # verified row-steps (rows with drafts, summed over steps, failed rows excluded)
     per_step_draft_ms: list[float] = field(default_factory=list)  # draft time of each spec step
 
 
@@ -328,6 +329,7 @@ class Engine:
                 r.draft_tokens += len(d)
                 r.accepted_draft_tokens += acc
                 self.stats.draft_tokens += len(d)
+                self.stats.spec_rows += 1
                 self.stats.accepted_draft_tokens += acc
             self._commit(r, toks)
 

@@ -25,6 +25,7 @@ from .errors import RowError
 from .request import Request
 from .sampling import SAMPLE_OK, SamplingTensors, sample
 from .speculative import (
+    STATUS_READY,
     STATUS_UNCONSTRAINED,
     STATUS_UNREACHABLE,
     VERIFY_ERR_DEAD_END,
@@ -84,9 +85,11 @@ def verify_rows(
             drafter has a sparse ``q``; rows not in it have a one-hot ``q``.
         words: ``[B, P, W]`` int32 lookahead bitmasks (CPU, ring copy; ``P = K_ring + 1
             >= T``) or None when no row is constrained.
-        status: ``[B, P]`` uint8 statuses (READY / DEAD_END / UNREACHABLE) or None.
-            Positions past a row's drafts are stale ring content: ignored here.
-        enabled: ``[B]`` bool, constrained rows (their masks apply), or None.
+        status: ``[B, P]`` uint8 statuses (READY / DEAD_END / UNREACHABLE), or None (then
+            every position of an enabled row is READY). Positions past a row's drafts are
+            stale ring content: ignored here.
+        enabled: ``[B]`` bool, constrained rows (their masks apply), or None (all rows, when
+            ``words`` is given).
         st: sampling parameters of ``rows`` (``[B]``; ``output_counts`` ``[B, V]`` of
             the committed output, or None when no row has penalties).
 
@@ -106,7 +109,13 @@ def verify_rows(
     codes = [VERIFY_OK] * b
     toks_out: list[list[int]] = [[] for _ in range(b)]
     n_acc = [0] * b
-    en_host = None if enabled is None else enabled.to("cpu", torch.bool)
+    en_host = None
+    if words is not None:
+        p = words.shape[1]
+        en_host = torch.ones(b, dtype=torch.bool) if enabled is None else enabled.to("cpu", torch.bool)
+        if status is None:  # no per-position statuses: every enabled position holds a mask
+            status = torch.full((b, p), STATUS_READY, dtype=torch.uint8)
+        status = status.to("cpu")
 
     # ---- rows without drafts: ordinary masked sampling at position 0 ---------
     pending = []  # (idx list, tensors to read back)

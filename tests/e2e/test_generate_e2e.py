@@ -84,3 +84,23 @@ def test_json_object_is_an_object(client, seed):
     assert r.error is None
     if r.finish_reason == "stop":
         assert isinstance(json.loads(r.text), dict)
+
+
+def test_continue_final_assistant_message_completes_the_prefix(client):
+    prefix = '{"name":"'
+    msgs = [{"role": "user", "content": "Give a person as JSON"}, {"role": "assistant", "content": prefix}]
+    r = client.generate_text(messages=msgs, continue_final_message=True, constraint={"json_schema": json.dumps(PERSON)},
+                             max_tokens=64, temperature=0.7, seed=21)
+    assert r.error is None, r.error
+    assert r.finish_reason == "stop", r
+    jsonschema.validate(json.loads(prefix + r.text), PERSON)  # prefix + new suffix is in the language
+
+
+def test_continuation_prefix_outside_the_language_is_rejected(client):
+    from clients.errors import RequestRejected
+
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "[1,"}]
+    with pytest.raises(RequestRejected) as ei:
+        client.generate_text(messages=msgs, continue_final_message=True,
+                             constraint={"json_schema": json.dumps(PERSON)}, max_tokens=8)
+    assert ei.value.kind == "InvalidPrefix"

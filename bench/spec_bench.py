@@ -1,0 +1,290 @@
+"""Speculative decoding benchmark (issue 6): drafters × constrained/unconstrained × batch size.
+
+usage:
+  python bench/spec_bench.py --device cpu  [--batches 1 4] [--max-tokens 32] [--num-draft-tokens 4]
+  python bench/spec_bench.py --device cuda --model /root/ninfer-model/SmolLM2-135M-Instruct.Q4_1.gguf \\
+         --batches 1 32 --max-tokens 128 [--draft-layers 0 15]
+  python bench/spec_bench.py --plot bench/results/spec_cpu.json      # table + plots from saved results
+
+What it runs (one process, no gRPC front end: the Engine is driven in-process with the real constraint
+sidecar subprocess and the shared-memory ring, as ``gpu_engine/serve.py``'s ``build_stack`` builds
+them; requests go through ``GenerationServicer.build_request`` like real ones, with the per-request
+speculative override):
+
+* for each batch size B, each workload (``json_schema``: a JSON Schema for a list of records;
+  ``none``: the same prompts unconstrained) and each method (``none``, ``ngram``, ``early-exit``,
+  ``early-exit-sampled``; early exit once per ``--draft-layers`` value, ``0`` = layers // 4), B requests
+  are submitted at once (prompts cycled from :data:`PROMPTS`), greedy unless ``--temperature``;
+* reported per configuration: output tokens/s (all completion tokens / wall time from submit to the
+  last finish; prefill included and equal across methods), speed-up vs ``none`` at the same
+  workload and B, drafted and accepted draft tokens, acceptance rate, **mean accepted length**
+  (tokens committed per verified row-step = 1 + accepted / verified row-steps; the usual τ), mean
+  step time, and the **exposed waits per step**: draft-ready (host time from the start of drafting to
+  the draft ids being on the host — the sidecar's Step message and the target forward wait for it)
+  and the sidecar's mask answer (time blocked in ``recv_step`` after the forward).
+
+Everything the benchmark needs is in this file (prompts, schema); no data files. Results: JSON with
+date, device, command line and git revision in ``bench/results/spec_<device>.json``, plots
+``spec_<device>_tokens_per_s.png`` and ``spec_<device>_accept_len.png``, and a printed table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "minItems": 2, "maxItems": 8, "items": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 32}, "age": {"type": "integer"},
+                       "city": {"type": "string", "maxLength": 32}},
+        "required": ["name", "age", "city"], "additionalProperties": False}}},
+    "required": ["people"], "additionalProperties": False,
+}
+PROMPTS = [
+    "List five people with their name, age and city as JSON.",
+    "Give me a JSON list of four employees (name, age, city).",
+    "Make up six customers with name, age and home city, in JSON.",
+    "Produce JSON describing three friends: name, age, city.",
+]
+METHODS = ["none", "ngram", "early-exit", "early-exit-sampled"]
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - not a git checkout
+        return "unknown"
+
+
+def _message(prompt: str, constrained: bool, method: str, k: int, max_tokens: int, temperature: float, seed: int):
+    from ninfer.v1 import generation_pb2 as pb
+
+    m = pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content=prompt)]),
+                           max_tokens=max_tokens)
+    m.sampling.temperature = temperature
+    m.sampling.seed = seed
+    if constrained:
+        m.constraint.json_schema = json.dumps(SCHEMA)
+    m.speculative.method = {"none": pb.SPECULATIVE_METHOD_NONE, "ngram": pb.SPECULATIVE_METHOD_NGRAM,
+                            "early-exit": pb.SPECULATIVE_METHOD_EARLY_EXIT,
+                            "early-exit-sampled": pb.SPECULATIVE_METHOD_EARLY_EXIT_SAMPLED}[method]
+    m.speculative.num_draft_tokens = k if method != "none" else 0
+    return m
+
+
+def _wait(req):
+    from gpu_engine.request import Finish
+
+    while True:
+        ev = req.events.get(timeout=3600)
+        if isinstance(ev, Finish):
+            return ev
+
+
+def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature) -> dict:
+    """Submit ``b`` requests at once, wait for all; engine stats are reset first."""
+    from gpu_engine.engine import EngineStats
+
+    reqs = [svc.build_request(_message(PROMPTS[i % len(PROMPTS)], constrained, method, k, max_tokens, temperature,
+                                       1000 + i)) for i in range(b)]
+    engine.stats = EngineStats()
+    t0 = time.perf_counter()
+    for r in reqs:
+        engine.submit(r)
+    fins = [_wait(r) for r in reqs]
+    wall = time.perf_counter() - t0
+    st = engine.stats
+    errors = [f.error for f in fins if f.error is not None]
+    tokens = sum(f.completion_tokens for f in fins)
+    drafted = sum(f.draft_tokens for f in fins)
+    accepted = sum(f.accepted_draft_tokens for f in fins)
+    return {
+        "batch": b, "constrained": constrained, "method": method, "num_draft_tokens": k if method != "none" else 0,
+        "tokens": tokens, "wall_s": round(wall, 4), "tokens_per_s": round(tokens / wall, 2),
+        "errors": len(errors), "first_error": errors[0] if errors else None,
+        "steps": st.steps, "step_ms_mean": round(st.step_s / max(st.steps, 1) * 1e3, 3),
+        "draft_tokens": drafted, "accepted_draft_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "verified_row_steps": st.spec_rows,
+        "mean_accepted_len": round(1 + st.accepted_draft_tokens / st.spec_rows, 3) if st.spec_rows else None,
+        "spec_steps": st.spec_steps,
+        "draft_ready_wait_ms_per_spec_step": round(statistics.fmean(st.per_step_draft_ms), 3)
+        if st.per_step_draft_ms else None,
+        "sidecar_wait_ms_per_constrained_step": round(statistics.fmean(st.per_step_wait_ms), 3)
+        if st.per_step_wait_ms else None,
+        "completion_tokens_per_request": [f.completion_tokens for f in fins],
+    }
+
+
+def run(args) -> dict:
+    import torch
+
+    from gpu_engine.serve import build_parser, build_stack
+    from gpu_engine.server import GenerationServicer
+
+    if args.device == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+    max_lanes = max(args.batches)
+    sargs = build_parser().parse_args([
+        "--port", str(args.port), "--device", args.device, "--model", args.model, "--max-lanes", str(max_lanes),
+        "--max-seq-len", str(args.max_seq_len), "--num-draft-tokens", str(args.num_draft_tokens),
+        "--cuda-graphs", args.cuda_graphs, "--log-level", "WARNING"])
+    t0 = time.perf_counter()
+    engine, frontend, loaded = build_stack(sargs)
+    engine.start()
+    load_s = time.perf_counter() - t0
+    svc = GenerationServicer(engine, frontend)
+    num_layers = loaded.config.num_layers
+    variants = [("none", 0), ("ngram", 0)]
+    for layers in args.draft_layers:
+        variants += [("early-exit", layers), ("early-exit-sampled", layers)]
+    variants = [v for v in variants if v[0] in args.methods]
+    results = []
+    try:
+        for method, layers in variants:
+            if method.startswith("early-exit"):
+                engine.draft_layers = layers
+                engine._drafters.pop(method, None)  # rebuilt with this depth on first use
+            eff_layers = (layers or max(1, num_layers // 4)) if method.startswith("early-exit") else None
+            for constrained in (False, True):
+                # warm-up: grammar compile, drafter build, first-use allocations / graph captures
+                run_batch(engine, svc, b=1, constrained=constrained, method=method, k=args.num_draft_tokens,
+                          max_tokens=8, temperature=args.temperature)
+                for b in args.batches:
+                    res = run_batch(engine, svc, b=b, constrained=constrained, method=method,
+                                    k=args.num_draft_tokens, max_tokens=args.max_tokens, temperature=args.temperature)
+                    res["draft_layers"] = eff_layers
+                    res["label"] = method if eff_layers is None else f"{method} L={eff_layers}"
+                    results.append(res)
+                    print(f"  {res['label']:<26} {'json_schema' if constrained else 'none':<11} B={b:<3} "
+                          f"{res['tokens_per_s']:>9.1f} tok/s  accepted len {res['mean_accepted_len']}", flush=True)
+    finally:
+        engine.stop()
+    base = {(r["constrained"], r["batch"]): r["tokens_per_s"] for r in results if r["method"] == "none"}
+    for r in results:
+        ref = base.get((r["constrained"], r["batch"]))
+        r["speedup_vs_none"] = round(r["tokens_per_s"] / ref, 3) if ref else None
+    dev_name = torch.cuda.get_device_name(0) if args.device == "cuda" else (platform.processor() or platform.machine())
+    return {
+        "benchmark": "spec_bench", "label": args.device.upper(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": args.device, "device_name": dev_name, "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "revision": git_revision(),
+        "model": str(loaded.source), "random_weights": bool(getattr(loaded, "random_weights", False)),
+        "num_layers": num_layers, "num_draft_tokens": args.num_draft_tokens, "max_tokens": args.max_tokens,
+        "temperature": args.temperature, "batches": args.batches, "load_s": round(load_s, 2),
+        "notes": args.notes, "results": results,
+    }
+
+
+def table(doc: dict) -> str:
+    head = (f"{'method':<26} {'workload':<11} {'B':>3} {'tok/s':>9} {'speedup':>7} {'acc.len':>7} {'acc.rate':>8} "
+            f"{'drafted':>7} {'step ms':>8} {'draft ms':>8} {'mask ms':>8}")
+    lines = [f"spec_bench — {doc['label']} ({doc['device_name']}), model {Path(doc['model']).name}, "
+             f"K={doc['num_draft_tokens']}, max_tokens={doc['max_tokens']}, T={doc['temperature']}, "
+             f"rev {doc['revision']}, {doc['date']}", head, "-" * len(head)]
+
+    def f(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    for r in doc["results"]:
+        lines.append(f"{r['label']:<26} {'json_schema' if r['constrained'] else 'none':<11} {r['batch']:>3} "
+                     f"{r['tokens_per_s']:>9.1f} {f(r['speedup_vs_none'], '.2f'):>7} "
+                     f"{f(r['mean_accepted_len'], '.2f'):>7} {f(r['acceptance_rate'], '.3f'):>8} "
+                     f"{r['draft_tokens']:>7} {r['step_ms_mean']:>8.1f} "
+                     f"{f(r['draft_ready_wait_ms_per_spec_step'], '.1f'):>8} "
+                     f"{f(r['sidecar_wait_ms_per_constrained_step'], '.2f'):>8}")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, out_dir: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots", file=sys.stderr)
+        return []
+    labels = list(dict.fromkeys(r["label"] for r in doc["results"]))
+    groups = list(dict.fromkeys((r["constrained"], r["batch"]) for r in doc["results"]))
+    by = {(r["label"], r["constrained"], r["batch"]): r for r in doc["results"]}
+    paths = []
+    title = (f"{doc['label']} ({doc['device_name']}), {Path(doc['model']).name}, K={doc['num_draft_tokens']}, "
+             f"max_tokens={doc['max_tokens']}, rev {doc['revision']}, {doc['date'][:10]}")
+    for key, ylabel, name in (("tokens_per_s", "output tokens/s", "tokens_per_s"),
+                              ("mean_accepted_len", "mean accepted length (tokens / verify)", "accept_len")):
+        fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(groups) + 3), 4.2))
+        width = 0.8 / len(labels)
+        for j, lab in enumerate(labels):
+            xs, ys = [], []
+            for g, (c, b) in enumerate(groups):
+                r = by.get((lab, c, b))
+                xs.append(g + j * width)
+                ys.append((r or {}).get(key) or (1.0 if key == "mean_accepted_len" and lab == "none" else 0.0))
+            ax.bar(xs, ys, width, label=lab)
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+        ax.set_xticklabels([f"{'json_schema' if c else 'unconstrained'}\nB={b}" for c, b in groups])
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=8)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out_dir / f"spec_{doc['device']}_{name}.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name or .gguf path")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--num-draft-tokens", type=int, default=4, help="K")
+    ap.add_argument("--draft-layers", type=int, nargs="+", default=[0], help="early-exit depths (0 = layers // 4)")
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--max-seq-len", type=int, default=1024)
+    ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="CPU: torch threads (0 = torch default)")
+    ap.add_argument("--port", type=int, default=0, help="names the ring / sidecar socket (0 = pid-based)")
+    ap.add_argument("--notes", default="", help="free text stored with the results")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--plot", metavar="JSON", help="only print the table and plot saved results")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        doc = json.loads(Path(args.plot).read_text())
+    else:
+        args.port = args.port or 40000 + os.getpid() % 20000
+        doc = run(args)
+        path = out_dir / f"spec_{args.device}.json"
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {path}")
+    print(table(doc))
+    for p in plot(doc, out_dir):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
