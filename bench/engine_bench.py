@@ -461,7 +461,7 @@ def summary(res: dict) -> list[str]:
         tag = "RANDOM weights" if m["random_weights"] else "real weights"
         lines.append(f"{m['label']} ({tag}, V={m['vocab_size']}, {m['dtype']})")
         lines.append(f"  {'B':>4} {'variant':<12} {'tok/s':>9} {'decode tok/s':>12} {'ratio':>6} {'TTFT p50/p99 ms':>16} "
-                     f"{'ITL p50/p99 ms':>15} {'gap ms':>7} {'gap %':>6} {'H2D B/step':>10}")
+                     f"{'ITL p50/p99 ms':>15} {'gap ms':>7} {'gap %':>6} {'H2D B/step':>10} {'idle ms':>8}")
         base = {r["batch"]: r for r in m["runs"] if r["variant"] == "none"}
         for r in m["runs"]:
             u = base.get(r["batch"])
@@ -471,7 +471,7 @@ def summary(res: dict) -> list[str]:
                          f"{ratio:6.3f} {r['ttft_ms_p50'] or 0:7.1f}/{r['ttft_ms_p99'] or 0:<8.1f} "
                          f"{r['itl_ms_p50'] or 0:6.2f}/{r['itl_ms_p99'] or 0:<8.2f} "
                          f"{r.get('exposed_wait_ms_p50') or 0:7.3f} {r.get('exposed_wait_pct') or 0:6.1f} "
-                         f"{r['mask_h2d_bytes_per_step']:10.0f}")
+                         f"{r['mask_h2d_bytes_per_step']:10.0f} {_idle_ms(r):8.2f}")
         for v, t in m["ttft_single"].items():
             lines.append(f"  TTFT single request ({v}, cache {t['cache']}): p50 {t['ttft_ms_p50']:.2f} ms")
         for b in m.get("baseline", []):
@@ -480,6 +480,13 @@ def summary(res: dict) -> list[str]:
             lines.append(f"  baseline transformers{'+xgrammar' if b['variant'] != 'none' else ''} B={b['batch']}: "
                          f"{b['tokens_per_s']:.0f} tok/s; engine/baseline = {sp:.1f}x")
     return lines
+
+
+def _idle_ms(r: dict) -> float:
+    """GPU idle per decode step: decode-step wall time minus GPU Forward and Finish time (CUDA runs)."""
+    if not r.get("decode_tokens_per_s") or r.get("gpu_forward_ms_p50") is None:
+        return float("nan")
+    return 1e3 * r["batch"] / r["decode_tokens_per_s"] - r["gpu_forward_ms_p50"] - r["gpu_finish_ms_p50"]
 
 
 def plot(res: dict, out_prefix: Path) -> list[str]:

@@ -29,6 +29,7 @@ from shared_memory.layout import STATUS_DEAD_END, RingGeometry, bitmask_words
 from shared_memory.ring import MaskRing
 
 from .errors import RowError
+from .metrics import EngineMetrics
 from .model.tokenizer import IncrementalDetokenizer
 from .model.vocab import TokenVocabulary
 from .program import Program
@@ -83,6 +84,7 @@ class Engine:
         self.num_draft_tokens = num_draft_tokens
         self.draft_layers = draft_layers
         self.stats = EngineStats()
+        self.metrics = EngineMetrics()
         self._waiting: "queue.Queue[Request]" = queue.Queue()
         self._lanes: list[Request | None] = [None] * self.max_lanes
         self._seq = 0
@@ -188,7 +190,9 @@ class Engine:
         with _tracer.start_as_current_span("engine.step") as span:
             span.set_attribute("ninfer.batch_size", len(rows))
             self._step_rows(rows)
-        self.stats.step_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.stats.step_s += dt
+        self.metrics.step_done(dt)
         self.stats.steps += 1
         return True
 
@@ -290,6 +294,7 @@ class Engine:
             wait = time.perf_counter() - tw
             self.stats.sidecar_wait_s += wait
             self.stats.per_step_wait_ms.append(wait * 1e3)
+            self.metrics.sidecar_wait(wait)
             self.stats.constrained_steps += 1
             if results is not None:
                 self.ring.check_slot(slot, seq)
@@ -313,7 +318,7 @@ class Engine:
         if len(live_idx) != len(rows):
             sel = torch.tensor(live_idx)
             rows = [rows[i] for i in live_idx]
-            logits = logits.index_select(0, sel)
+            logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
                 words, enabled = words.index_select(0, sel), enabled.index_select(0, sel)
                 status = None if status is None else status.index_select(0, sel)
@@ -404,6 +409,8 @@ class Engine:
         tail = r.detok.flush() if r.detok is not None else ""
         if tail:
             r.events.put(Delta(tail, []))
+        self.metrics.request_finished(reason, r.constraint.kind if r.constraint else "", len(r.output_ids),
+                                      r.draft_tokens, r.accepted_draft_tokens, constraint)
         r.events.put(Finish(
             finish_reason=reason, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.output_ids),
             draft_tokens=r.draft_tokens, accepted_draft_tokens=r.accepted_draft_tokens, constraint=constraint,

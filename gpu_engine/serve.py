@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-cold-compiles", type=int, default=2)
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="grammar compile deadline, seconds")
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--metrics-port", type=int, default=0,
+                    help="serve Prometheus /metrics on this port (0 = off)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "INFO"))
     return ap
 
@@ -82,12 +84,14 @@ def serve_main(argv: list[str] | None = None) -> int:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from ninfer.telemetry import server_interceptors, setup_tracing
+    from ninfer.telemetry import server_interceptors, setup_metrics, setup_tracing
     from ninfer.v1 import generation_pb2, generation_pb2_grpc
 
     from .server import GenerationServicer
 
     setup_tracing("ninfer-engine")
+    if setup_metrics("ninfer-engine", args.metrics_port, args.host):
+        print(f"metrics on http://{args.host}:{args.metrics_port}/metrics", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

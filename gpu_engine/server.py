@@ -164,6 +164,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 req = self.build_request(request)
             except RequestError as e:
                 span.set_attribute("ninfer.error.kind", e.kind)
+                self.engine.metrics.request_rejected(e.kind)
                 _abort(context, e)
                 return
             context.add_callback(req.cancel)

@@ -88,3 +88,42 @@ def instrument_channel(channel: Any) -> Any:
         return intercept_channel(channel, client_interceptor())
     except ImportError:
         return channel
+
+
+def setup_metrics(service_name: str, prometheus_port: int = 0, host: str = "127.0.0.1") -> bool:
+    """Install a global MeterProvider; with ``prometheus_port`` > 0 also serve ``/metrics`` there.
+
+    Returns True when a Prometheus endpoint was started. Without the
+    OpenTelemetry packages this is a no-op returning False.
+    """
+    try:
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.resources import Resource
+    except ImportError:
+        return False
+    readers = []
+    started = False
+    if prometheus_port > 0:
+        try:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import start_http_server
+
+            start_http_server(prometheus_port, addr=host)
+            readers.append(PrometheusMetricReader())
+            started = True
+        except ImportError:
+            pass
+    metrics.set_meter_provider(MeterProvider(resource=Resource.create({"service.name": service_name}),
+                                             metric_readers=readers))
+    return started
+
+
+def get_meter(name: str) -> Any:
+    """A meter, or None when OpenTelemetry is unavailable."""
+    try:
+        from opentelemetry import metrics
+
+        return metrics.get_meter(name)
+    except ImportError:
+        return None

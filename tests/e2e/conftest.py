@@ -85,6 +85,8 @@ def stack():
     if not MODEL.exists():
         pytest.skip(f"default model not fetched ({MODEL}); run `make setup` first")
     s = Stack(free_port())
+    s.metrics_port = free_port()
+    s.extra += ["--metrics-port", str(s.metrics_port)]
     s.start()
     yield s
     s.stop()

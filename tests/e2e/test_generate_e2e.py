@@ -74,7 +74,9 @@ def test_raw_prompt_with_grammar_and_length_finish(client):
 
 def test_count_tokens(client):
     n = client.count_tokens(prompt="hello world")
-    assert n >= 2
+    assert n.num_tokens == 2 and n.max_context_tokens == 1024  # "hello", " world"
+    chat = client.count_tokens(messages=[{"role": "user", "content": "hello world"}])
+    assert chat.num_tokens > n.num_tokens  # the template adds the system prompt and role markers
 
 
 @pytest.mark.parametrize("seed", [7, 8])
@@ -104,3 +106,13 @@ def test_continuation_prefix_outside_the_language_is_rejected(client):
         client.generate_text(messages=msgs, continue_final_message=True,
                              constraint={"json_schema": json.dumps(PERSON)}, max_tokens=8)
     assert ei.value.kind == "InvalidPrefix"
+
+
+def test_prometheus_metrics_count_requests(stack, client):
+    import urllib.request
+
+    client.generate_text(prompt="hi", constraint={"choice": ["a", "b"]}, max_tokens=4, temperature=0)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=10).read().decode()
+    lines = [ln for ln in body.splitlines() if ln.startswith("ninfer_requests_total{")]
+    assert any('constraint_kind="choice"' in ln and 'finish_reason="stop"' in ln for ln in lines), lines
+    assert "ninfer_constraint_cache_total" in body and "ninfer_step_seconds_bucket" in body

@@ -91,7 +91,7 @@ def _run(prog, reqs, ring, schedule, drop_at=None):
             prog.release_lane(rows[1].lane)
             sel = torch.tensor(keep)
             rows = [rows[i] for i in keep]
-            logits = logits.index_select(0, sel)
+            logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
                 words, enabled = words.index_select(0, sel), enabled.index_select(0, sel)
                 status = None if status is None else status.index_select(0, sel)
@@ -125,6 +125,7 @@ def _compare(device, ring, schedule, drop_at=None, use_graphs=False):
     prog = CudaProgram(_model(device), V, torch.device(device), ring, use_graphs=use_graphs)
     try:
         got = _run(prog, _clone(reqs), ring, schedule, drop_at)
+        prog.registered_during_run = prog.ring_registered
     finally:
         prog.close()
     assert got == ref
@@ -160,5 +161,5 @@ def test_ring_mask_marker_and_bytes(ring):
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=list(SCHEDULES))
 def test_cuda_program_matches_program(ring, schedule, use_graphs):
     prog = _compare("cuda", ring, SCHEDULES[schedule], drop_at=4, use_graphs=use_graphs)
-    assert prog.ring_registered
+    assert prog.registered_during_run and not prog.ring_registered  # close() unregistered it
     assert prog.step_timings and all(t.forward_ms >= 0 and t.gap_ms >= 0 for t in prog.step_timings)
