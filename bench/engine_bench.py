@@ -447,6 +447,9 @@ def _drain(engine):
 
 
 def git_rev() -> str:
+    """``HEAD`` (+dirty) of the checkout; ``$NINFER_GIT_REV`` wins (the device copy has no usable git)."""
+    if os.environ.get("NINFER_GIT_REV"):
+        return os.environ["NINFER_GIT_REV"]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout

@@ -14,6 +14,7 @@ Python values and numpy views.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -47,11 +48,23 @@ class SidecarOptions:
         cache_bytes: byte budget of retained compiled grammars (seed default 256 MiB).
         max_cold_compiles: cold compiles running at once per vocabulary.
         compile_timeout_s: compile deadline in seconds; a slower compile fails its request.
+        fill_threads: threads of xgrammar's batch mask fill on the Step path; 0 = auto
+            (half the CPUs this process may run on, like xgrammar's ``"auto"``; 1 on 2 CPUs,
+            where a second pool thread measured slower than none: bench/mask_bench.py).
     """
 
     cache_bytes: int = 256 << 20
     max_cold_compiles: int = 2
     compile_timeout_s: float = 10.0
+    fill_threads: int = 0
+
+
+def _auto_fill_threads() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 2
+    return max(1, min(8, cpus // 2))
 
 
 @dataclass
@@ -104,6 +117,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             cache_bytes=self.options.cache_bytes,
             max_cold_compiles=self.options.max_cold_compiles,
             compile_timeout_s=self.options.compile_timeout_s,
+            fill_threads=self.options.fill_threads or _auto_fill_threads(),
         )
         with self._lock:
             self._compiler = compiler

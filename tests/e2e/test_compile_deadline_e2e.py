@@ -1,0 +1,101 @@
+"""Compile deadline end to end (issue 3): a pathological grammar fails alone, neighbours keep streaming.
+
+Real stack started with ``--compile-timeout 1``: while an unconstrained stream and a regex-constrained
+stream are decoding, a grammar whose compile takes several seconds on the 49k SmolLM2 vocabulary is
+sent. It must fail with INVALID_ARGUMENT / ``CompileTimeout``, and both neighbours must receive tokens
+between that request's start and its failure (progress, not speed) and then finish normally.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from .conftest import MODEL, Stack, free_port, shm_segments
+
+# A chain of N rules, each a character-class repetition then a literal: compile time grows linearly
+# with N (about 0.7 ms per rule on the 49k-token SmolLM2 vocabulary on a loaded 2-core box, so N=8000
+# compiles in several seconds there, and still well above the 1 s deadline on a machine a few times
+# faster). The timed-out compile is abandoned and keeps one core busy until it ends.
+N_RULES = 8000
+PATHOLOGICAL = "\n".join(
+    ["root ::= r0"]
+    + [f'r{i} ::= [a-{chr(ord("c") + i % 20)}0-{i % 9}]* "{chr(97 + i % 26)}" r{i + 1}' for i in range(N_RULES)]
+    + [f'r{N_RULES} ::= ""']
+)
+# At least 41 words before the final "." may end it: the stream cannot stop early.
+REGEX = r"([a-z]+ ){40,}[a-z]+\."
+
+
+@pytest.fixture()
+def deadline_stack():
+    if not MODEL.exists():
+        pytest.skip(f"default model not fetched ({MODEL}); run `make setup` first")
+    s = Stack(free_port(), extra=["--compile-timeout", "1"])
+    s.start()
+    yield s
+    s.stop()
+    assert not shm_segments(s.port), f"shared-memory segments left behind: {shm_segments(s.port)}"
+
+
+@pytest.mark.timeout(90)
+def test_pathological_compile_times_out_alone_while_neighbours_stream(deadline_stack):
+    from clients.client import NInferClient
+    from clients.errors import RequestRejected
+
+    token_times: dict[str, list[float]] = {"free": [], "regex": []}
+    results: dict = {}
+    failures: dict = {}
+
+    def stream(client: NInferClient, name: str, **kw) -> None:
+        try:
+            st = client.generate(**kw)
+            for ev in st:
+                if ev.token_ids:
+                    token_times[name].append(time.monotonic())
+            results[name] = st.result
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            failures[name] = exc
+
+    with NInferClient(deadline_stack.target) as client:
+        jobs = {
+            "free": dict(prompt="Once upon a time, in a small village by the sea,", max_tokens=200,
+                         temperature=0.8, seed=11),
+            "regex": dict(messages=[{"role": "user", "content": "Describe the sea in many lowercase words."}],
+                          constraint={"regex": REGEX}, max_tokens=200, temperature=0.8, seed=12),
+        }
+        threads = [threading.Thread(target=stream, args=(client, n), kwargs=kw, daemon=True) for n, kw in jobs.items()]
+        for t in threads:
+            t.start()
+        # both neighbours are decoding before the pathological request arrives
+        deadline = time.monotonic() + 60
+        while min(len(v) for v in token_times.values()) < 3:
+            assert not failures, failures
+            assert time.monotonic() < deadline, f"neighbours did not start streaming: {token_times}"
+            time.sleep(0.02)
+
+        t_start = time.monotonic()
+        with pytest.raises(RequestRejected) as ei:
+            client.generate_text(prompt="x", constraint={"grammar": PATHOLOGICAL}, max_tokens=4)
+        t_fail = time.monotonic()
+        err = ei.value
+        assert err.code == "INVALID_ARGUMENT" and err.kind == "CompileTimeout", repr(err)
+        assert t_fail - t_start >= 1.0, "failed before the 1 s deadline: the grammar is not pathological here"
+
+        for t in threads:
+            t.join(80 - (time.monotonic() - t_start))
+            assert not t.is_alive(), "a neighbour stream did not finish"
+    assert not failures, failures
+    for name in ("free", "regex"):
+        during = [x for x in token_times[name] if t_start < x < t_fail]
+        assert during, (f"{name} received no tokens during the {t_fail - t_start:.2f} s pathological compile "
+                        f"(tokens at {[round(x - t_start, 2) for x in token_times[name]]})")
+        r = results[name]
+        assert r.error is None and r.finish_reason in ("stop", "length"), (name, r)
+    rx = results["regex"]
+    if rx.finish_reason == "stop":
+        assert re.fullmatch(REGEX, rx.text), rx.text
+    else:  # cut by max_tokens: still a prefix of the language
+        assert re.fullmatch(r"([a-z]+ )*[a-z]*", rx.text), rx.text
