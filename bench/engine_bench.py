@@ -89,7 +89,7 @@ def load_schemas(path: Path) -> list[str]:
 
 # ------------------------------------------------------------------ the stack
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
-                tokenizer_from: str):
+                tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started)."""
     import torch
 
@@ -105,7 +105,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     ring = MaskRing.create(f"ninfer-bench-{os.getpid()}", geo)
     ring_info = dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots, num_lanes=geo.num_lanes,
                      num_positions=geo.num_positions, num_words=geo.num_words)
-    sidecar = Sidecar(f"/tmp/ninfer-bench-{os.getpid()}.sock", vocab, ring_info)
+    sidecar = Sidecar(f"/tmp/ninfer-bench-{os.getpid()}.sock", vocab, ring_info,
+                      extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
         from gpu_engine.cuda_program import CudaProgram
@@ -272,18 +273,33 @@ def _ms(s):
 
 def ttft_single(engine, work: Workload, reps: int) -> dict:
     """TTFT of single requests on an idle engine (constraint cached by a warm-up request)."""
-    vals, caches = [], []
+    vals, caches, prep, first, wait, server = [], [], [], [], [], []
     warm = len(work.schemas) if work.variant == "json_schema" else 1  # compile every schema once first
+    st = engine.stats
     for i in range(reps + warm):
         r, t0 = work.make(max_tokens=1)
+        t1 = time.perf_counter()  # Prepare RPC done (constrained) / request built
+        nw = len(st.per_step_wait_ms)
         engine.submit(r)
+        t2 = time.perf_counter()
+        engine.step()
+        t3 = time.perf_counter()
         while not r.finished:
             engine.step()
         ttft, _, fin = _request_latencies(r, t0)
         if i >= warm and ttft is not None:
             vals.append(ttft)
             caches.append(r.constraint_info.get("cache"))
-    return dict(ttft_ms_p50=_ms(statistics.median(vals)), ttft_ms_min=_ms(min(vals)), cache=sorted(set(map(str, caches))))
+            prep.append(t1 - t0)
+            first.append(t3 - t2)
+            wait.append(st.per_step_wait_ms[nw] / 1e3 if len(st.per_step_wait_ms) > nw else 0.0)
+            server.append(r.constraint_info.get("prepare_seconds") or 0.0)
+    med = lambda xs: _ms(statistics.median(xs))  # noqa: E731
+    # breakdown (medians): Prepare RPC wall (incl. the sidecar's own Prepare time), the first
+    # engine step (prefill + first masked sample), and the sidecar wait inside that step
+    return dict(ttft_ms_p50=med(vals), ttft_ms_min=_ms(min(vals)), cache=sorted(set(map(str, caches))),
+                prepare_rpc_ms_p50=med(prep), prepare_server_ms_p50=med(server), first_step_ms_p50=med(first),
+                first_step_sidecar_wait_ms_p50=med(wait))
 
 
 def micro(prog, batches: list[int]) -> list[dict]:
@@ -396,7 +412,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
 
     max_lanes = max(args.batches)
     engine, loaded, capture_s = build_stack(model, args.device, max_lanes, args.max_seq_len, args.cuda_graphs,
-                                            args.graph_context, tokenizer_from=args.model)
+                                            args.graph_context, tokenizer_from=args.model,
+                                            fill_threads=args.fill_threads, compile_timeout=args.compile_timeout)
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
@@ -446,6 +463,12 @@ def _drain(engine):
     engine._drain_waiting()
 
 
+def _auto_fill_threads() -> int:
+    from constraint_service.server import _auto_fill_threads as auto
+
+    return auto()
+
+
 def git_rev() -> str:
     """``HEAD`` (+dirty) of the checkout; ``$NINFER_GIT_REV`` wins (the device copy has no usable git)."""
     if os.environ.get("NINFER_GIT_REV"):
@@ -476,7 +499,12 @@ def summary(res: dict) -> list[str]:
                          f"{r.get('exposed_wait_ms_p50') or 0:7.3f} {r.get('exposed_wait_pct') or 0:6.1f} "
                          f"{r['mask_h2d_bytes_per_step']:10.0f} {_idle_ms(r):8.2f}")
         for v, t in m["ttft_single"].items():
-            lines.append(f"  TTFT single request ({v}, cache {t['cache']}): p50 {t['ttft_ms_p50']:.2f} ms")
+            extra = ""
+            if "first_step_ms_p50" in t:
+                extra = (f" (Prepare RPC {t['prepare_rpc_ms_p50']:.2f} ms, sidecar-side {t['prepare_server_ms_p50']:.2f};"
+                         f" first step {t['first_step_ms_p50']:.2f} ms, its sidecar wait "
+                         f"{t['first_step_sidecar_wait_ms_p50']:.2f})")
+            lines.append(f"  TTFT single request ({v}, cache {t['cache']}): p50 {t['ttft_ms_p50']:.2f} ms{extra}")
         for b in m.get("baseline", []):
             eng = next((r for r in m["runs"] if r["batch"] == b["batch"] and r["variant"] == b["variant"]), None)
             sp = eng["tokens_per_s"] / b["tokens_per_s"] if eng else float("nan")
@@ -547,6 +575,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=48, help="measured steps per (batch, variant)")
     ap.add_argument("--warm-steps", type=int, default=8)
     ap.add_argument("--ttft-reps", type=int, default=8)
+    ap.add_argument("--fill-threads", type=int, default=0,
+                    help="sidecar mask-fill threads (0 = the sidecar's auto choice)")
+    ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
     ap.add_argument("--graph-context", choices=["buckets", "full"], default="buckets")
     ap.add_argument("--schemas", default=str(ROOT / "bench" / "schemas_sample.json"))
@@ -568,6 +599,8 @@ def main(argv=None) -> int:
                settings=dict(max_tokens=args.max_tokens, temperature=TEMPERATURE, steps=args.steps,
                              warm_steps=args.warm_steps, prompt=PROMPT, gbnf=GBNF, regex=REGEX,
                              num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
+                             fill_threads=args.fill_threads or _auto_fill_threads(),
+                             prefill="batched (right-padded, 4096-token budget per forward)",
                              graph_context=args.graph_context, eos="unconstrained rows ignore EOS; constrained "
                              "rows stop at grammar EOS and are replaced (closed loop)"),
                models=[])

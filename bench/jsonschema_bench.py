@@ -71,6 +71,24 @@ def accepts(compiled, data: bytes) -> bool:
     return bool(m.accept_string(data)) and m.is_completed()
 
 
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def outside_generation_form(v) -> bool:
+    """True when a value cannot be written in the generation form of the contract (seed 000 numbers:
+    integers are signed 64-bit literals), so a refusal of it is not over-constraint. Only integers beyond
+    int64 qualify; everything else counts as a completeness miss when refused."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return not (INT64[0] <= v <= INT64[1])
+    if isinstance(v, list):
+        return any(outside_generation_form(x) for x in v)
+    if isinstance(v, dict):
+        return any(outside_generation_form(x) for x in v.values())
+    return False
+
+
 UNKNOWN_KEYWORDS = "reject"
 
 
@@ -93,7 +111,7 @@ def evaluate_record(rec, *, want_ebnf=False):
         return out, None
     out["convert_s"] = time.perf_counter() - t0
     out["status"] = "accepted"
-    vt = va = it = iv = 0
+    vt = va = it = iv = vo = 0
     violations = []
     misses = []
     for t in rec.get("tests", []):
@@ -102,6 +120,9 @@ def evaluate_record(rec, *, want_ebnf=False):
         except (ValueError, TypeError):
             continue
         ok = accepts(compiled, data)
+        if t["valid"] and not ok and outside_generation_form(t["data"]):
+            vo += 1  # e.g. an integer beyond int64: outside the contract's generation form, not a miss
+            continue
         if t["valid"]:
             vt += 1
             va += ok
@@ -112,7 +133,7 @@ def evaluate_record(rec, *, want_ebnf=False):
             if ok:
                 iv += 1
                 violations.append(data.decode("utf-8", "replace")[:300])
-    out.update(valid_total=vt, valid_accepted=va, invalid_total=it, invalid_accepted=iv)
+    out.update(valid_total=vt, valid_accepted=va, invalid_total=it, invalid_accepted=iv, valid_outside_form=vo)
     if violations:
         out["violations"] = violations
     if misses:
@@ -122,63 +143,267 @@ def evaluate_record(rec, *, want_ebnf=False):
 
 # ---- fuzz --------------------------------------------------------------------
 
+# ECMAScript character classes (ECMA-262 WhiteSpace + LineTerminator), written out independently of
+# constraint_service.regex so the oracle does not share code with the converter under test.
+_ECMA_WS = "\\t\\n\\x0b\\x0c\\r \\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+_ECMA_CLASS = {"d": "0-9", "w": "A-Za-z0-9_", "s": _ECMA_WS}
+_QUANT = re.compile(r"\{[0-9]+(,[0-9]*)?\}")
+
+
+class OracleUnsupported(Exception):
+    pass
+
+
+def ecma_to_python(pat: str) -> str:
+    """ECMAScript pattern (the subset JSON Schema `pattern` uses) -> Python `re` pattern with the same
+    search semantics: ASCII \\d/\\w, ECMAScript \\s, `.` without line terminators, `$` = end of input,
+    `{` literal unless a quantifier. Raises OracleUnsupported for constructs it does not translate."""
+    out = []
+    i, n = 0, len(pat)
+    while i < n:
+        c = pat[i]
+        if c == "\\":
+            if i + 1 >= n:
+                raise OracleUnsupported("trailing backslash")
+            e = pat[i + 1]
+            if e.lower() in _ECMA_CLASS:
+                body = _ECMA_CLASS[e.lower()]
+                out.append(f"[{body}]" if e.islower() else f"[^{body}]")
+            elif e in "bB":
+                raise OracleUnsupported("word boundary")
+            elif e.isdigit() and e != "0":
+                raise OracleUnsupported("backreference")
+            elif e == "u" and pat[i + 2:i + 3] == "{":
+                raise OracleUnsupported("\\u{...}")
+            elif e == "c":
+                raise OracleUnsupported("\\c")
+            elif e.isalnum() and e not in "tnrfvx0u":
+                raise OracleUnsupported(f"escape \\{e}")
+            elif e == "v":
+                out.append("\\x0b")
+            elif e == "0":
+                out.append("\\x00")
+            else:
+                out.append("\\" + e)
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            neg = j < n and pat[j] == "^"
+            if neg:
+                j += 1
+            if j < n and pat[j] == "]":
+                raise OracleUnsupported("empty class")
+            body = []
+            while j < n and pat[j] != "]":
+                if pat[j] == "\\":
+                    if j + 1 >= n:
+                        raise OracleUnsupported("trailing backslash")
+                    e = pat[j + 1]
+                    if e in _ECMA_CLASS:
+                        body.append(_ECMA_CLASS[e])
+                    elif e.lower() in _ECMA_CLASS:
+                        raise OracleUnsupported("negated class escape inside a class")
+                    elif e == "b":
+                        body.append("\\x08")
+                    elif e == "v":
+                        body.append("\\x0b")
+                    elif e == "0":
+                        body.append("\\x00")
+                    elif e == "c" or (e.isalnum() and e not in "tnrfxu"):
+                        raise OracleUnsupported(f"class escape \\{e}")
+                    else:
+                        body.append("\\" + e)
+                    j += 2
+                    continue
+                if pat[j] == "[":
+                    body.append("\\[")
+                elif pat[j] in "&~|" and j + 1 < n and pat[j + 1] == pat[j]:
+                    body.append("\\" + pat[j])  # Python FutureWarning set operations
+                else:
+                    body.append(pat[j])
+                j += 1
+            if j >= n:
+                raise OracleUnsupported("unterminated class")
+            out.append("[" + ("^" if neg else "") + "".join(body) + "]")
+            i = j + 1
+            continue
+        if c == ".":
+            out.append("[^\\n\\r\\u2028\\u2029]")
+        elif c == "$":
+            out.append("(?!(?s:.))")
+        elif c == "{":
+            m = _QUANT.match(pat, i)
+            if m and i > 0:
+                out.append(m.group(0))
+                i = m.end()
+                continue
+            out.append("\\{")
+        elif c == "}":
+            out.append("\\}")
+        elif c == "(" and pat.startswith("(?<", i) and not pat.startswith("(?<=", i) and not pat.startswith("(?<!", i):
+            out.append("(?P<")
+            i += 3
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_ORACLE_CACHE: dict = {}
+
+
+def oracle_validator(schema):
+    """jsonschema validator for `schema` whose `pattern` uses ECMAScript semantics (ecma_to_python)."""
+    import jsonschema
+    base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = _ORACLE_CACHE.get(base)
+    if cls is None:
+        def pattern(validator, patrn, instance, _schema):
+            if not validator.is_type(instance, "string"):
+                return
+            rx = _PY_RX.get(patrn)
+            if rx is None:
+                try:
+                    rx = re.compile(ecma_to_python(patrn))
+                except (OracleUnsupported, re.error) as e:
+                    raise OracleUnsupported(f"pattern {patrn!r}: {e}")
+                _PY_RX[patrn] = rx
+            if not rx.search(instance):
+                yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+        cls = jsonschema.validators.extend(base, {"pattern": pattern})
+        _ORACLE_CACHE[base] = cls
+    return cls(schema)
+
+
+_PY_RX: dict = {}
+
+
+def _strict_loads(text: str):
+    """json.loads that also reports duplicate keys (allowed by the grammar only among additional
+    properties; counted separately, not a validation failure)."""
+    dups = [0]
+
+    def hook(pairs):
+        d = {}
+        for k, v in pairs:
+            if k in d:
+                dups[0] += 1
+            d[k] = v
+        return d
+    return json.loads(text, object_pairs_hook=hook), dups[0]
+
+
 class Fuzzer:
+    """Seeded random walks through the token masks of the real model vocabulary.
+
+    Each walk draws uniformly from the allowed tokens for the first half of the length cap; in the
+    second half it ends as soon as EOS is allowed and otherwise prefers (p=0.8) allowed tokens made only
+    of closing bytes (`"`, `}`, `]`) so that most walks complete. A walk that reaches the cap is counted
+    as incomplete. A completed output must parse as JSON and validate with `jsonschema` (patterns with
+    ECMAScript semantics); anything else, or a token allowed by the mask but refused by the matcher, is a
+    failure."""
+
     def __init__(self, model_path, max_tokens, seed):
+        import numpy as np
         from gpu_engine.model.vocab import load_vocabulary_from_gguf
         vocab = load_vocabulary_from_gguf(os.path.expanduser(model_path))
         toks = [b"" if i in vocab.special_ids else vocab.token_bytes[i] for i in range(len(vocab.token_bytes))]
         self.info = xgr.TokenizerInfo(toks, vocab_type=xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
                                       stop_token_ids=list(vocab.eos_ids))
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        # dynamic compilation: token masks are computed lazily for the states a walk visits (same
+        # language and masks as the eager compile, ~10x cheaper for walks that touch few states)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False,
+                                            enable_dynamic_compilation=True)
         self.toks = toks
-        self.eos = set(vocab.eos_ids)
+        self.eos = sorted(vocab.eos_ids)
         self.max_tokens = max_tokens
-        self.rng = random.Random(seed)
-        import numpy as np
+        self.seed = seed
         self.np = np
+        V = self.info.vocab_size
+        closing = np.zeros(V, dtype=bool)
+        for i, t in enumerate(toks):
+            if t and all(b in b'"}]' for b in t):
+                closing[i] = True
+        self.closing = closing
+        self.bm = xgr.allocate_token_bitmask(1, V)
 
-    def walks(self, schema, ebnf, n):
-        import jsonschema
+    def _allowed(self, m):
         np = self.np
+        m.fill_next_token_bitmask(self.bm)
+        bits = np.unpackbits(self.bm[0].numpy().view(np.uint8), bitorder="little")[: self.info.vocab_size]
+        return bits.astype(bool)
+
+    def walks(self, schema, ebnf, n, key=""):
+        np = self.np
+        t0 = time.perf_counter()
         compiled = self.compiler.compile_grammar(ebnf)
-        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        validator = validator_cls(schema)
-        res = {"walks": 0, "completed": 0, "failures": 0, "examples": []}
-        bm = xgr.allocate_token_bitmask(1, self.info.vocab_size)
+        t1 = time.perf_counter()
+        validator = oracle_validator(schema)
+        rng = random.Random(f"{self.seed}:{key}")
+        res = {"walks": 0, "completed": 0, "incomplete": 0, "dead_end": 0, "failures": 0, "duplicate_keys": 0,
+               "oracle_unsupported": 0, "tokens": 0, "examples": [], "compile_s": round(t1 - t0, 3)}
+        half = self.max_tokens // 2
         for _ in range(n):
             m = xgr.GrammarMatcher(compiled)
             out = bytearray()
             res["walks"] += 1
+            done = False
             for step in range(self.max_tokens):
-                m.fill_next_token_bitmask(bm)
-                words = bm[0].numpy().view(np.uint32)
-                bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.info.vocab_size]
-                allowed = np.flatnonzero(bits)
-                if len(allowed) == 0:
-                    break
-                stops = [i for i in allowed if i in self.eos]
-                if stops and step >= self.max_tokens // 2:
-                    tok = int(stops[0])
+                bits = self._allowed(m)
+                if step >= half and any(bits[e] for e in self.eos):
+                    tok = self.eos[0]
                 else:
-                    tok = int(allowed[self.rng.randrange(len(allowed))])
+                    if step >= half and rng.random() < 0.8:
+                        cl = np.flatnonzero(bits & self.closing)
+                        allowed = cl if len(cl) else np.flatnonzero(bits)
+                    else:
+                        allowed = np.flatnonzero(bits)
+                    if len(allowed) == 0:
+                        break
+                    tok = int(allowed[rng.randrange(len(allowed))])
+                res["tokens"] += 1
                 if not m.accept_token(tok):
                     res["failures"] += 1
-                    res["examples"].append({"error": "mask allowed a rejected token", "out": out.decode("utf-8", "replace")[:200]})
+                    res["examples"].append({"error": "mask allowed a token the matcher refused",
+                                            "out": out.decode("utf-8", "replace")[:200], "token": tok})
                     break
                 if tok in self.eos:
+                    done = True
                     break
                 out += self.toks[tok]
-            if m.is_terminated():
-                res["completed"] += 1
-                try:
-                    value = json.loads(out.decode("utf-8"))
-                    errs = list(validator.iter_errors(value))
-                    if errs:
-                        raise ValueError(errs[0].message)
-                except Exception as e:  # noqa: BLE001
-                    res["failures"] += 1
-                    if len(res["examples"]) < 3:
-                        res["examples"].append({"out": out.decode("utf-8", "replace")[:300], "error": str(e)[:200]})
+            if not done:
+                if m.is_terminated() or m.is_completed():
+                    done = True  # no further token possible: the output is complete
+                else:
+                    bits = self._allowed(m)
+                    if not bits.any():
+                        res["dead_end"] += 1
+                        res["failures"] += 1
+                        res["examples"].append({"error": "dead end: no token allowed before completion",
+                                                "out": out.decode("utf-8", "replace")[:300]})
+                        continue
+                    res["incomplete"] += 1
+                    continue
+            res["completed"] += 1
+            try:
+                value, dups = _strict_loads(out.decode("utf-8"))
+                res["duplicate_keys"] += bool(dups)
+                err = next(iter(validator.iter_errors(value)), None)
+            except OracleUnsupported:
+                res["oracle_unsupported"] += 1
+                continue
+            except Exception as e:  # noqa: BLE001 - not JSON / not UTF-8
+                err = e
+            if err is not None:
+                res["failures"] += 1
+                if len(res["examples"]) < 3:
+                    msg = getattr(err, "message", str(err))
+                    res["examples"].append({"out": out.decode("utf-8", "replace")[:300], "error": str(msg)[:200]})
+        res["seconds"] = round(time.perf_counter() - t0, 3)
+        if not res["examples"]:
+            del res["examples"]
         return res
 
 
@@ -191,16 +416,22 @@ def summarise(rows):
         kinds = collections.Counter(r["kind"] for r in rs if r["status"] != "accepted")
         vt = sum(r.get("valid_total", 0) for r in acc)
         va = sum(r.get("valid_accepted", 0) for r in acc)
+        vo = sum(r.get("valid_outside_form", 0) for r in acc)
         it = sum(r.get("invalid_total", 0) for r in acc)
         iv = sum(r.get("invalid_accepted", 0) for r in acc)
         allpass = sum(1 for r in acc if r.get("invalid_accepted", 0) == 0 and r.get("valid_accepted", 0) == r.get("valid_total", 0))
         return {"schemas": n, "accepted": len(acc), "coverage": round(len(acc) / n, 4) if n else 0.0,
                 "rejected_by_kind": dict(kinds), "valid_instances": vt, "valid_accepted": va,
-                "completeness": round(va / vt, 4) if vt else None, "invalid_instances": it,
+                "completeness": round(va / vt, 4) if vt else None, "valid_outside_form": vo, "invalid_instances": it,
                 "soundness_violations": iv, "schemas_all_pass": allpass,
                 "fuzz_walks": sum(r.get("fuzz", {}).get("walks", 0) for r in rs),
                 "fuzz_completed": sum(r.get("fuzz", {}).get("completed", 0) for r in rs),
-                "fuzz_failures": sum(r.get("fuzz", {}).get("failures", 0) for r in rs)}
+                "fuzz_failures": sum(r.get("fuzz", {}).get("failures", 0) for r in rs),
+                "fuzz_incomplete": sum(r.get("fuzz", {}).get("incomplete", 0) for r in rs),
+                "fuzz_duplicate_keys": sum(r.get("fuzz", {}).get("duplicate_keys", 0) for r in rs),
+                "fuzz_oracle_unsupported": sum(r.get("fuzz", {}).get("oracle_unsupported", 0) for r in rs),
+                "fuzz_errors": sum(1 for r in rs if "error" in r.get("fuzz", {})),
+                "fuzz_tokens": sum(r.get("fuzz", {}).get("tokens", 0) for r in rs)}
     total = block(rows)
     by_subset = {s: block([r for r in rows if r["subset"] == s]) for s in sorted({r["subset"] for r in rows})}
     return total, by_subset
@@ -216,6 +447,8 @@ def category_table(rows):
             table[c]["under-constrained"] += 1
         elif r.get("valid_accepted", 0) < r.get("valid_total", 0):
             table[c]["over-constrained"] += 1
+        elif r.get("valid_outside_form", 0):
+            table[c]["outside-form"] += 1
         else:
             table[c]["all-pass"] += 1
     return {c: dict(v) for c, v in sorted(table.items())}
@@ -271,13 +504,15 @@ def main(argv=None):
             idx = sorted(random.Random(args.seed + 1).sample(idx, args.fuzz_sample))
         for k, i in enumerate(idx):
             try:
-                rows[i]["fuzz"] = fz.walks(recs[i]["schema"], ebnfs[i], args.fuzz_walks)
-            except Exception as e:  # noqa: BLE001
-                rows[i]["fuzz"] = {"walks": 0, "completed": 0, "failures": 0, "error": str(e)[:200]}
+                rows[i]["fuzz"] = fz.walks(recs[i]["schema"], ebnfs[i], args.fuzz_walks, key=rows[i]["id"])
+            except Exception as e:  # noqa: BLE001 - a harness error is reported, never counted as a pass
+                rows[i]["fuzz"] = {"walks": 0, "completed": 0, "failures": 0, "error": f"{type(e).__name__}: {e}"[:200]}
             if (k + 1) % 200 == 0:
                 print(f"... fuzz {k + 1}/{len(idx)} ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
     total, by_subset = summarise(rows)
-    result = {"datafile": os.path.basename(args.datafile), "records": len(recs), "seconds": round(time.time() - t0, 1),
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(["python"] + sys.argv),
+              "revision": revision(),
+              "datafile": os.path.basename(args.datafile), "records": len(recs), "seconds": round(time.time() - t0, 1),
               "unknown_keywords": args.unknown_keywords, "fuzz_walks_per_schema": args.fuzz_walks, "fuzz_max_tokens": args.fuzz_max_tokens,
               "total": total, "by_subset": by_subset,
               "anchors": {"maskbench_llguidance": "8,909 of 11,306 passed, 0 invalid accepted",
@@ -286,7 +521,8 @@ def main(argv=None):
         result["test_suite_categories"] = category_table(rows)
     result["violations"] = [{"id": r["id"], "instances": r["violations"]} for r in rows if r.get("violations")]
     result["errors"] = [{"id": r["id"], "kind": r["kind"], "message": r["message"]} for r in rows if r["status"] == "error"]
-    result["fuzz_failures"] = [{"id": r["id"], **r["fuzz"]} for r in rows if r.get("fuzz", {}).get("failures")]
+    result["fuzz_failures"] = [{"id": r["id"], **r["fuzz"]} for r in rows
+                               if r.get("fuzz", {}).get("failures") or "error" in r.get("fuzz", {})]
     result["rejection_locations"] = dict(collections.Counter(
         re.sub(r"/(properties|\$defs|definitions)/[^/]+", r"/\1/*", r.get("location", "")).split("/")[-1] + ":" + r["kind"]
         for r in rows if r["status"] == "rejected").most_common(40))
@@ -300,7 +536,56 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1, ensure_ascii=False)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(markdown(result))
     return result
+
+
+def revision() -> dict:
+    """git HEAD, whether the tree is dirty, and a digest of the converter sources actually measured."""
+    import hashlib
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "constraint_service", "bench"], cwd=root,
+                                    capture_output=True, text=True).stdout.strip())
+    except OSError:
+        head, dirty = "", None
+    h = hashlib.sha256()
+    for sub in ("constraint_service/json_schema", "constraint_service/regex"):
+        d = os.path.join(root, sub)
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".py"):
+                with open(os.path.join(d, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+    return {"git_head": head, "dirty": dirty, "converter_sha256": h.hexdigest()[:16]}
+
+
+def markdown(result) -> str:
+    """Small markdown report: per-subset table, rejection reasons, Test Suite categories."""
+    lines = [f"# JSON Schema contract benchmark: {result['datafile']}", "",
+             f"- date: {result['date']}", f"- command: `{result['command']}`",
+             f"- revision: {result['revision']}", f"- wall: {result['seconds']} s", "",
+             "| subset | schemas | accepted | coverage | valid | completeness | invalid | violations | fuzz walks | completed | incomplete | failures |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, b in list(result["by_subset"].items()) + [("**TOTAL**", result["total"])]:
+        comp = "-" if b["completeness"] is None else f"{b['completeness']:.4f}"
+        lines.append(f"| {name} | {b['schemas']} | {b['accepted']} | {b['coverage']:.4f} | {b['valid_instances']} | {comp} | "
+                     f"{b['invalid_instances']} | {b['soundness_violations']} | {b['fuzz_walks']} | {b['fuzz_completed']} | "
+                     f"{b['fuzz_incomplete']} | {b['fuzz_failures']} |")
+    lines += ["", "Rejections by kind: " + ", ".join(f"{k} {v}" for k, v in result["total"]["rejected_by_kind"].items()), "",
+              "| rejected at (last pointer token : kind) | schemas |", "|---|---:|"]
+    lines += [f"| `{k}` | {v} |" for k, v in list(result["rejection_locations"].items())[:25]]
+    if "test_suite_categories" in result:
+        cols = ["all-pass", "outside-form", "over-constrained", "under-constrained", "rejected"]
+        lines += ["", "| category | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
+        tot = collections.Counter()
+        for c, v in result["test_suite_categories"].items():
+            tot.update(v)
+            lines.append(f"| {c} | " + " | ".join(str(v.get(k, 0)) for k in cols) + " |")
+        lines.append("| **total** | " + " | ".join(str(tot.get(k, 0)) for k in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ def run(args) -> dict:
         r["speedup_vs_none"] = round(r["tokens_per_s"] / ref, 3) if ref else None
     dev_name = torch.cuda.get_device_name(0) if args.device == "cuda" else (platform.processor() or platform.machine())
     return {
-        "benchmark": "spec_bench", "label": args.device.upper(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "benchmark": "spec_bench", "label": args.device.upper(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": args.device, "device_name": dev_name, "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "revision": git_revision(),

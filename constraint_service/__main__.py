@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grammar-cache-bytes", type=int, default=256 << 20)
     ap.add_argument("--max-cold-compiles", type=int, default=2)
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="compile deadline in seconds")
+    ap.add_argument("--fill-threads", type=int, default=0,
+                    help="threads of xgrammar's batch mask fill on the Step path (0 = auto: min(8, CPUs), "
+                         "1 on 2 CPUs)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid:
         _set_pdeathsig()
 
-    servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout))
+    servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout,
+                                                 fill_threads=max(0, args.fill_threads)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 64 << 20)])
     pb_grpc.add_ConstraintServiceServicer_to_server(servicer, server)

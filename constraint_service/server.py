@@ -49,8 +49,8 @@ class SidecarOptions:
         max_cold_compiles: cold compiles running at once per vocabulary.
         compile_timeout_s: compile deadline in seconds; a slower compile fails its request.
         fill_threads: threads of xgrammar's batch mask fill on the Step path; 0 = auto
-            (half the CPUs this process may run on, like xgrammar's ``"auto"``; 1 on 2 CPUs,
-            where a second pool thread measured slower than none: bench/mask_bench.py).
+            (``min(8, CPUs this process may run on)``; 1 on 2 CPUs or fewer, where a second
+            pool thread measured slower than none: bench/mask_bench.py).
     """
 
     cache_bytes: int = 256 << 20
@@ -64,7 +64,7 @@ def _auto_fill_threads() -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 2
-    return max(1, min(8, cpus // 2))
+    return 1 if cpus <= 2 else min(8, cpus)
 
 
 @dataclass
@@ -264,12 +264,15 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 if lane_status[lane] == STATUS_DEAD_END:
                     o[2], o[5] = pb.ROW_STATUS_DEAD_END, "no legal next token (ConstraintDeadEnd)"
         ring.end_write(req.slot, req.step_seq)
-        RowResult = pb.RowResult
-        return pb.StepResponse(
-            step_seq=req.step_seq, slot=req.slot,
-            rows=[RowResult(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5])
-                  for o in out],
-            work_seconds=time.perf_counter() - t0)
+        resp = pb.StepResponse(step_seq=req.step_seq, slot=req.slot)
+        add = resp.rows.add  # in place: cheaper than building RowResult messages and copying them
+        for o in out:
+            if o[5]:
+                add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5])
+            else:
+                add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4])
+        resp.work_seconds = time.perf_counter() - t0
+        return resp
 
     def close(self) -> None:
         """Detach from the ring (does not unlink it)."""

@@ -316,14 +316,26 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
         for i in range(positions):
             if not active:
                 break
-            matchers = [sessions[r]._matcher for r in active]
             idx = [r * positions + i for r in active]
-            if len(active) > 1:
-                backend.batch_fill(matchers, flat_t, idx)
-            else:
-                matchers[0].fill_bitmask(flat_t, idx[0])
-            if backend.tail_mask is not None:
-                flat[idx, -1] &= backend.tail_mask
+            todo = active
+            if i == 0:
+                # A session still at its start state reuses the mask its constructor computed
+                # (the start check, tail already applied): no xgrammar fill for a new request.
+                todo = []
+                for r in active:
+                    s = sessions[r]
+                    if s._num_committed == 0 and s._preview_len < 0:
+                        flat[r * positions] = s._scratch[0]
+                    else:
+                        todo.append(r)
+            if todo:
+                tidx = idx if todo is active else [r * positions + i for r in todo]
+                if len(todo) > 1:
+                    backend.batch_fill([sessions[r]._matcher for r in todo], flat_t, tidx)
+                else:
+                    sessions[todo[0]]._matcher.fill_bitmask(flat_t, tidx[0])
+                if backend.tail_mask is not None:
+                    flat[tidx, -1] &= backend.tail_mask
             nonempty = flat[idx].any(axis=1)
             still: list[int] = []
             for r, ok in zip(active, nonempty):

@@ -29,7 +29,7 @@ Context buckets: :func:`gpu_engine.model.llama.context_bucket` values up to
 
 Eager fallbacks (same results, no graphs): speculative steps (drafts), rows with
 presence/frequency penalties (need per-step output counts), and prefill rows
-(run eagerly between Forward and Finish; their logits are merged into the
+(batched, run eagerly between Forward and Finish; their logits are merged into the
 static logits buffer).
 
 The class also runs on the CPU with ``use_graphs=False`` (no events, no ring
@@ -374,7 +374,7 @@ class CudaProgram(Program):
         if nd:
             self._run(self._fwd_graphs, (bd, ctx), lambda: self._forward_phase(bd, ctx))
         if pre:
-            pl = torch.stack([self._prefill(rows[i]) for i in pre])  # [np, V] float32
+            pl = self._prefill_rows([rows[i] for i in pre])  # [np, V] float32, one batched prefill
             if nd:
                 full = torch.empty(b, self.vocab_size, dtype=torch.float32, device=self.device)
                 full[torch.tensor(dec, device=self.device)] = self.logits[:nd]

@@ -6,7 +6,7 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
 2. for constrained rows, sends one ``Step`` message to the sidecar **before**
    the forward pass (it confirms last step's tokens and asks for this step's
    bitmasks in ring slot ``seq % num_slots``);
-3. runs the model forward (prefill rows one by one, decode rows batched);
+3. runs the model forward (prefill rows batched under a token budget, decode rows batched);
 4. waits for the sidecar's answer only now (the exposed wait is measured),
    checks the slot's sequence number, and samples all rows with their masks;
 5. commits tokens, streams text deltas, and finishes rows on EOS / budget.

@@ -1,8 +1,8 @@
 """Program: model forward, KV bookkeeping and masked sampling on the engine's device.
 
 The engine hands the Program this step's rows; the Program runs the
-forward (prefill rows one by one, decode/verify rows batched), and later
-samples every row with its bitmask (seed 000 §sampling: penalties → mask →
+forward (prefill rows batched, right-padded, under a token budget;
+decode/verify rows batched), and later samples every row with its bitmask (seed 000 §sampling: penalties → mask →
 top-k → temperature → min-p → top-p → draw). One host read-back per step.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from .sampling import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTenso
 
 log = logging.getLogger("ninfer.program")
 
-PREFILL_CHUNK = 512  # tokens per prefill forward (bounds activation memory)
+PREFILL_CHUNK = 512  # prompt tokens of one row per prefill forward (long prompts run in chunks)
+PREFILL_TOKEN_BUDGET = 4096  # padded tokens (rows x longest piece) per batched prefill forward
 
 
 def _row_error(code: int) -> RowError:
@@ -39,6 +40,7 @@ class Program:
     """
 
     eos_ids: tuple[int, ...] = ()  # end-of-sequence ids; set by the Engine (speculative verify needs them)
+    prefill_token_budget: int = PREFILL_TOKEN_BUDGET  # padded tokens per batched prefill forward
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
         self.model = model
@@ -88,12 +90,15 @@ class Program:
         T = 1 + max((len(drafts.get(r.lane, [])) for r in rows), default=0)
         out = torch.empty(len(rows), T, self.vocab_size, dtype=torch.float32, device=self.device)
         dec_idx, dec_rows = [], []
+        pre_idx = []
         for i, r in enumerate(rows):
             if r.num_cached == 0 and not r.output_ids:
-                out[i, 0] = self._prefill(r)
+                pre_idx.append(i)
             else:
                 dec_idx.append(i)
                 dec_rows.append(r)
+        if pre_idx:
+            out[torch.tensor(pre_idx, device=self.device), 0] = self._prefill_rows([rows[i] for i in pre_idx])
         if T > 1:
             # A padded row (fewer drafts than T - 1) must not write past its lane's context:
             # such rows (only near max_seq_len) run alone with their own T.
@@ -119,6 +124,70 @@ class Program:
                                         max_context=ctx)
             out[torch.tensor(dec_idx, device=self.device)] = logits.float()
         return out
+
+    def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
+        """Prefill the prompts of ``rows`` together; returns ``[n, V]`` float32 last-position logits.
+
+        Rounds: in each round every unfinished row contributes its next piece of at most
+        ``PREFILL_CHUNK`` prompt tokens (long prompts take several rounds, in order).
+        A round's pieces are sorted by length and packed into forwards of ``m`` rows
+        right-padded to the longest piece ``T``, with ``m * T <= prefill_token_budget``
+        (a piece longer than the budget runs alone). Padding tokens (id 0) write KV at
+        positions past their row's piece: harmless, since causal attention by position
+        never reads a position before the row writes it again (the next piece or
+        decode token overwrites it first), and a row is never padded past the lane's
+        last position (it then runs in a forward of its own). Logits are computed only
+        at each row's last prompt position (``logit_index``). Sets ``r.num_cached``.
+        """
+        n = len(rows)
+        out = torch.empty(n, self.vocab_size, dtype=torch.float32, device=self.device)
+        budget = max(1, int(self.prefill_token_budget))
+        chunk = max(1, min(PREFILL_CHUNK, budget))
+        cap = self.model.max_seq_len  # physical positions per lane (padding may not go past it)
+        done = [0] * n
+        while True:
+            pieces = [(min(chunk, len(r.prompt_ids) - done[j]), j) for j, r in enumerate(rows)
+                      if done[j] < len(r.prompt_ids)]
+            if not pieces:
+                break
+            pieces.sort()
+            groups: list[list[tuple[int, int]]] = []
+            cur: list[tuple[int, int]] = []
+            for ln, j in pieces:  # ascending length: ln is the padded length T if added
+                if cur and ((len(cur) + 1) * ln > budget or any(done[k] + ln > cap for _, k in cur)):
+                    groups.append(cur)
+                    cur = []
+                cur.append((ln, j))
+            groups.append(cur)
+            for g in groups:
+                T = g[-1][0]
+                ids = torch.zeros(len(g), T, dtype=torch.int64)
+                for b, (ln, j) in enumerate(g):
+                    ids[b, :ln] = torch.tensor(rows[j].prompt_ids[done[j]: done[j] + ln])
+                lanes = torch.tensor([rows[j].lane for _, j in g], dtype=torch.int64)
+                start = torch.tensor([done[j] for _, j in g], dtype=torch.int64)
+                ctx = self._prefill_ctx(max(done[j] for _, j in g) + T)
+                if all(ln == T for ln, _ in g):
+                    lg = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
+                                            max_context=ctx, last_only=True)
+                else:
+                    li = torch.tensor([ln - 1 for ln, _ in g], dtype=torch.int64)
+                    lg = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
+                                            max_context=ctx, logit_index=li.to(self.device))
+                for b, (ln, j) in enumerate(g):
+                    done[j] += ln
+                last = [b for b, (_, j) in enumerate(g) if done[j] == len(rows[j].prompt_ids)]
+                if last:
+                    sel = [g[b][1] for b in last]
+                    out[torch.tensor(sel, device=self.device)] = lg[torch.tensor(last, device=self.device), -1].float()
+        for r in rows:
+            r.num_cached = len(r.prompt_ids)
+        return out
+
+    def _prefill_ctx(self, n: int) -> int:
+        from .model.llama import context_bucket
+
+        return context_bucket(n, self.model.max_seq_len)
 
     def _prefill(self, r: Request) -> torch.Tensor:
         ids = r.prompt_ids

@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grammar-cache-bytes", type=int, default=256 << 20)
     ap.add_argument("--max-cold-compiles", type=int, default=2)
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="grammar compile deadline, seconds")
+    ap.add_argument("--mask-fill-threads", type=int, default=0,
+                    help="sidecar threads for the batched mask fill (0 = auto: min(8, CPUs); 1 on 2 CPUs)")
+    ap.add_argument("--prefill-token-budget", type=int, default=4096,
+                    help="prompt tokens per batched prefill forward (rows admitted together share it)")
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus /metrics on this port (0 = off)")
@@ -66,10 +70,11 @@ def build_stack(args: argparse.Namespace):
                      num_positions=geo.num_positions, num_words=geo.num_words)
     sidecar = Sidecar(f"/tmp/ninfer-{args.port}-constraint.sock", vocab, ring_info, extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
-        "--compile-timeout", str(args.compile_timeout)])
+        "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads)])
     from .program import make_program
 
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
+    program.prefill_token_budget = max(1, args.prefill_token_budget)
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
                     num_draft_tokens=k, draft_layers=args.draft_layers)
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))

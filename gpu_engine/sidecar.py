@@ -72,6 +72,14 @@ class StepRowResult:
 
 _ROW_STATUS = {pb.ROW_STATUS_OK: "ok", pb.ROW_STATUS_DEAD_END: "dead_end", pb.ROW_STATUS_INTEGRITY_ERROR: "integrity"}
 
+# GIL switch interval of the engine process while a Step stream is open. A Step message is put
+# on a queue and sent by gRPC's request-consumer thread, which needs the GIL; with CPython's
+# default 5 ms interval the engine thread (launching the forward, building inputs) keeps it so
+# long that the message leaves only when the engine blocks in ``recv_step`` — the sidecar then
+# starts late and its work is exposed. 0.5 ms lets the message go out while the forward is
+# launched (measured: answer ready 0.09 ms after 3 ms of engine work instead of 1.2 ms / 7.5 ms max).
+STEP_SWITCH_INTERVAL_S = 0.0005
+
 
 def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
     """(kind, message, location) from a sidecar error's status details."""
@@ -162,6 +170,8 @@ class Sidecar:
             q = self._step_q
             self._step_responses = stub.Step(iter(q.get, None))
             self.generation += 1
+            if sys.getswitchinterval() > STEP_SWITCH_INTERVAL_S:
+                sys.setswitchinterval(STEP_SWITCH_INTERVAL_S)
 
     def _stop_locked(self) -> None:
         if self._step_q is not None:
@@ -249,9 +259,14 @@ class Sidecar:
         """Send one Step message (non-blocking)."""
         if self._step_q is None:
             raise SidecarUnavailable("no Step stream")
-        self._step_q.put(pb.StepRequest(step_seq=step_seq, slot=slot, rows=[
-            pb.RowStep(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens,
-                       draft_tokens=r.draft_tokens) for r in rows]))
+        msg = pb.StepRequest(step_seq=step_seq, slot=slot)
+        add = msg.rows.add  # in place: ~2.5x faster than building RowStep messages and copying them
+        for r in rows:
+            if r.draft_tokens:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, draft_tokens=r.draft_tokens)
+            else:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens)
+        self._step_q.put(msg)
 
     def recv_step(self, step_seq: int) -> tuple[list[StepRowResult], float]:
         """Wait for the answer to ``step_seq``: per-row results and sidecar work seconds.

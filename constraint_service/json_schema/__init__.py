@@ -127,9 +127,12 @@ __all__ = ["json_schema_to_ebnf", "reduce_schema", "parse_schema"]
 
 
 def canonicalize(schema, value):
-    """Re-serialisation helper for tests/benchmarks: returns `value` with object keys re-ordered into
-    the generation order of `schema` (declared properties first, in declared order, then the rest)."""
-    from .ir import ANY, Array, Object, Union
+    """Re-serialisation helper for tests/benchmarks: returns `value` in the canonical generation form of
+    `schema`: object keys in generation order (declared properties first, in declared order, then the
+    rest), a value equal to a const/enum member replaced by that member as written in the schema, and an
+    integral float at an integer-only position written as an integer (the generation form of `integer` is
+    a signed 64-bit integer literal, so the instance 1.0 is generated as 1)."""
+    from .ir import Array, Const, Integer, Object, Union, json_equal
     try:
         draft7, draft4 = dialect_of(schema)
         r = Reducer(schema, draft7, draft4, "annotate")
@@ -153,6 +156,14 @@ def canonicalize(schema, value):
                 except ConstraintError:
                     pass
             return canon(pick, v, depth + 1)
+        if isinstance(n, Const):
+            # finite values are generated as written in the schema (key order, 1 vs 1.0)
+            for c in n.values:
+                if json_equal(c, v):
+                    return c
+            return v
+        if isinstance(n, Integer) and isinstance(v, float) and v.is_integer():
+            return int(v)  # integers are generated as int64 literals: 1.0 is written 1
         if isinstance(v, dict) and isinstance(n, Object):
             d = dict(n.props)
             keys = [k for k, _ in n.props if k in v] + [k for k in v if k not in d]

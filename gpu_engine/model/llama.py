@@ -187,7 +187,7 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, lanes: torch.Tensor, start_pos: torch.Tensor,
                 num_layers: int | None = None, max_context: int | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, logit_index: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``T`` new tokens for each of ``B`` lanes, writing their KV.
 
         Token ``t`` of row ``b`` sits at position ``start_pos[b] + t`` of lane
@@ -206,9 +206,14 @@ class LlamaModel(nn.Module):
                 :func:`context_bucket`); ``None`` = ``max_seq_len``. Smaller is faster.
             last_only: return logits of the last position only (``T`` becomes 1 in
                 the output) — for prefill.
+            logit_index: ``[B]`` int64 (model device): return logits of position
+                ``logit_index[b]`` of row ``b`` only (``T`` becomes 1 in the output;
+                hidden states are gathered before the final norm and LM head) — for
+                batched prefill of right-padded prompts. Wins over ``last_only``.
 
         Returns:
-            ``[B, T, V]`` float32 logits (``[B, 1, V]`` when ``last_only``), model device.
+            ``[B, T, V]`` float32 logits (``[B, 1, V]`` when ``last_only`` or
+            ``logit_index`` is given), model device.
         """
         c = self.config
         B, T = input_ids.shape
@@ -252,7 +257,9 @@ class LlamaModel(nn.Module):
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
-        if last_only:
+        if logit_index is not None:
+            x = x.gather(1, logit_index.view(B, 1, 1).expand(B, 1, x.shape[-1]))
+        elif last_only:
             x = x[:, -1:]
         x = rms_norm(x, self.norm, c.rms_norm_eps)
         return F.linear(x, self.lm_head).float()
