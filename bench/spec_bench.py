@@ -19,13 +19,20 @@ speculative override):
   last finish; prefill included and equal across methods), speed-up vs ``none`` at the same
   workload and B, drafted and accepted draft tokens, acceptance rate, **mean accepted length**
   (tokens committed per verified row-step = 1 + accepted / verified row-steps; the usual τ), mean
-  step time, and the **exposed waits per step**: draft-ready (host time from the start of drafting to
-  the draft ids being on the host — the sidecar's Step message and the target forward wait for it)
-  and the sidecar's mask answer (time blocked in ``recv_step`` after the forward).
+  step time, and the **exposed waits per step**: draft-ready and the sidecar's mask answer (time
+  blocked in ``recv_step`` after the forward). Draft-ready depends on the path (``draft_ready_path``):
+  on CUDA early-exit drafts take the *deferred* path (drafting kernels → D2H copy of the ids into
+  pinned memory → cuda-python ready event → target forward queued on the device ids; the host then
+  blocks on the event only): the wait is the host time blocked on that event; on the CPU, and for
+  n-gram drafts, it is the host time from the start of drafting to the ids being on the host (the
+  Step message and the forward wait for it). ``draft_host_ms`` is the host time spent in the drafter
+  call itself (queueing the kernels on CUDA).
 
 Everything the benchmark needs is in this file (prompts, schema); no data files. Results: JSON with
 date, device, command line and git revision in ``bench/results/spec_<device>.json``, plots
-``spec_<device>_tokens_per_s.png`` and ``spec_<device>_accept_len.png``, and a printed table.
+``spec_<device>_tokens_per_s.png`` and ``spec_<device>_accept_len.png`` (``<device>`` = ``--tag`` when
+given, e.g. ``h200``), and a printed table. The revision is ``git rev-parse`` or, where the tree has no
+git (the device machine), ``$NINFER_GIT_REV``.
 """
 from __future__ import annotations
 
@@ -62,6 +69,8 @@ METHODS = ["none", "ngram", "early-exit", "early-exit-sampled"]
 
 
 def git_revision() -> str:
+    if os.environ.get("NINFER_GIT_REV"):
+        return os.environ["NINFER_GIT_REV"]
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
@@ -126,6 +135,12 @@ def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature
         "spec_steps": st.spec_steps,
         "draft_ready_wait_ms_per_spec_step": round(statistics.fmean(st.per_step_draft_ms), 3)
         if st.per_step_draft_ms else None,
+        "draft_ready_wait_ms_p50": round(statistics.median(st.per_step_draft_ms), 3) if st.per_step_draft_ms else None,
+        "draft_host_ms_per_spec_step": round(statistics.fmean(st.per_step_draft_host_ms), 3)
+        if st.per_step_draft_host_ms else None,
+        "deferred_spec_steps": st.deferred_spec_steps,
+        "draft_ready_path": ("deferred (cuda event wait)" if st.deferred_spec_steps else "host drafting time")
+        if st.spec_steps else None,
         "sidecar_wait_ms_per_constrained_step": round(statistics.fmean(st.per_step_wait_ms), 3)
         if st.per_step_wait_ms else None,
         "completion_tokens_per_request": [f.completion_tokens for f in fins],
@@ -147,6 +162,8 @@ def run(args) -> dict:
         "--cuda-graphs", args.cuda_graphs, "--log-level", "WARNING"])
     t0 = time.perf_counter()
     engine, frontend, loaded = build_stack(sargs)
+    if args.defer_drafts != "auto":
+        engine.defer_drafts = args.defer_drafts == "on"
     engine.start()
     load_s = time.perf_counter() - t0
     svc = GenerationServicer(engine, frontend)
@@ -190,13 +207,15 @@ def run(args) -> dict:
         "model": str(loaded.source), "random_weights": bool(getattr(loaded, "random_weights", False)),
         "num_layers": num_layers, "num_draft_tokens": args.num_draft_tokens, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "batches": args.batches, "load_s": round(load_s, 2),
+        "dtype": str(getattr(loaded.model, "dtype", "")), "defer_drafts": engine.defer_drafts,
+        "tag": args.tag or args.device,
         "notes": args.notes, "results": results,
     }
 
 
 def table(doc: dict) -> str:
     head = (f"{'method':<26} {'workload':<11} {'B':>3} {'tok/s':>9} {'speedup':>7} {'acc.len':>7} {'acc.rate':>8} "
-            f"{'drafted':>7} {'step ms':>8} {'draft ms':>8} {'mask ms':>8}")
+            f"{'drafted':>7} {'step ms':>8} {'ready ms':>8} {'drafter':>8} {'mask ms':>8}")
     lines = [f"spec_bench — {doc['label']} ({doc['device_name']}), model {Path(doc['model']).name}, "
              f"K={doc['num_draft_tokens']}, max_tokens={doc['max_tokens']}, T={doc['temperature']}, "
              f"rev {doc['revision']}, {doc['date']}", head, "-" * len(head)]
@@ -209,7 +228,8 @@ def table(doc: dict) -> str:
                      f"{r['tokens_per_s']:>9.1f} {f(r['speedup_vs_none'], '.2f'):>7} "
                      f"{f(r['mean_accepted_len'], '.2f'):>7} {f(r['acceptance_rate'], '.3f'):>8} "
                      f"{r['draft_tokens']:>7} {r['step_ms_mean']:>8.1f} "
-                     f"{f(r['draft_ready_wait_ms_per_spec_step'], '.1f'):>8} "
+                     f"{f(r['draft_ready_wait_ms_per_spec_step'], '.3f'):>8} "
+                     f"{f(r.get('draft_host_ms_per_spec_step'), '.1f'):>8} "
                      f"{f(r['sidecar_wait_ms_per_constrained_step'], '.2f'):>8}")
     return "\n".join(lines)
 
@@ -246,7 +266,7 @@ def plot(doc: dict, out_dir: Path) -> list[Path]:
         ax.set_title(title, fontsize=8)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        p = out_dir / f"spec_{doc['device']}_{name}.png"
+        p = out_dir / f"spec_{doc.get('tag') or doc['device']}_{name}.png"
         fig.savefig(p, dpi=120)
         plt.close(fig)
         paths.append(p)
@@ -268,6 +288,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="CPU: torch threads (0 = torch default)")
     ap.add_argument("--port", type=int, default=0, help="names the ring / sidecar socket (0 = pid-based)")
     ap.add_argument("--notes", default="", help="free text stored with the results")
+    ap.add_argument("--tag", default="", help="names the result files (spec_<tag>.json; default: --device)")
+    ap.add_argument("--defer-drafts", choices=["auto", "on", "off"], default="auto",
+                    help="early-exit draft-ready overlap (device-side ids + ready event); auto = on with CUDA")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--plot", metavar="JSON", help="only print the table and plot saved results")
     args = ap.parse_args(argv)
@@ -278,7 +301,7 @@ def main(argv=None) -> int:
     else:
         args.port = args.port or 40000 + os.getpid() % 20000
         doc = run(args)
-        path = out_dir / f"spec_{args.device}.json"
+        path = out_dir / f"spec_{args.tag or args.device}.json"
         path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {path}")
     print(table(doc))

@@ -30,7 +30,12 @@ Context buckets: :func:`gpu_engine.model.llama.context_bucket` values up to
 Eager fallbacks (same results, no graphs): speculative steps (drafts), rows with
 presence/frequency penalties (need per-step output counts), and prefill rows
 (batched, run eagerly between Forward and Finish; their logits are merged into the
-static logits buffer).
+static logits buffer). A speculative step with early-exit drafts keeps the draft ids
+on the device (draft-ready overlap, issue 6): drafting kernels → ``non_blocking`` D2H
+copy of the ids into pinned memory → cuda-python ready event → the eager target
+forward over ``[last token] + drafts`` built on the device
+(:meth:`CudaProgram.forward_rows_deferred`); the engine then blocks on the ready
+event only, sends the sidecar its lookahead Step while the forward runs, and verifies.
 
 The class also runs on the CPU with ``use_graphs=False`` (no events, no ring
 registration, a staging copy of the slot): CI exercises its buffer
@@ -47,7 +52,7 @@ import torch
 
 from .errors import RowError
 from .model.llama import context_bucket
-from .program import Program, _row_error
+from .program import Program, _row_error, to_device_async
 from .request import Request
 from .sampling import SamplingTensors, sample
 
@@ -377,8 +382,8 @@ class CudaProgram(Program):
             pl = self._prefill_rows([rows[i] for i in pre])  # [np, V] float32, one batched prefill
             if nd:
                 full = torch.empty(b, self.vocab_size, dtype=torch.float32, device=self.device)
-                full[torch.tensor(dec, device=self.device)] = self.logits[:nd]
-                full[torch.tensor(pre, device=self.device)] = pl
+                full[to_device_async(torch.tensor(dec), self.device)] = self.logits[:nd]
+                full[to_device_async(torch.tensor(pre), self.device)] = pl
                 self.logits[:b].copy_(full)
             else:
                 self.logits[:b].copy_(pl)
@@ -386,6 +391,17 @@ class CudaProgram(Program):
         self._fwd_rows = list(rows)
         self._num_prefill = len(pre)
         return self.logits[:b].unsqueeze(1)
+
+    @torch.inference_mode()
+    def forward_rows_deferred(self, rows: list[Request], drafts: dict[int, list[int]], deferred: list) -> torch.Tensor:
+        """Speculative step whose early-exit draft ids are still on the device: eager
+        :meth:`Program.forward_rows_deferred` (queued behind the drafting kernels and the
+        draft ids' D2H copy + ready event, without a host sync); masks and verification
+        then take the eager path too."""
+        self._fwd_rows = None
+        self._step_mask_bytes = 0
+        self._eager_step = True
+        return super().forward_rows_deferred(rows, drafts, deferred)
 
     def stage_masks(self, ring, slot: int, rows: list[Request]):
         """Start the upload of ring slot ``slot``'s bitmasks (one async copy on the compute stream).

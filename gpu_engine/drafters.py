@@ -42,7 +42,7 @@ from .request import Request
 from .rng import Purpose
 from .sampling import draw
 
-__all__ = ["Q_CANDIDATES", "Proposal", "Drafter", "NgramDrafter", "EarlyExitDrafter", "make_drafter",
+__all__ = ["Q_CANDIDATES", "Proposal", "Drafter", "NgramDrafter", "EarlyExitDrafter", "DeviceDrafts", "make_drafter",
            "ngram_propose", "METHODS"]
 
 Q_CANDIDATES = 16  # S: candidates of the sparse q (seed: DFlash2 "16候选的实际稀疏 q")
@@ -124,6 +124,79 @@ class NgramDrafter(Drafter):
         return [ngram_propose(r.prompt_ids + r.output_ids, k, self.max_n, self.min_n) for r, k in zip(rows, ks)]
 
 
+# ------------------------------------------------------------ device-side drafts
+def _h2d(values, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """A host list as a ``dev`` tensor without a stream sync: pinned + ``non_blocking`` on CUDA.
+
+    (``torch.tensor(..., device="cuda")`` copies from pageable memory and synchronises the
+    stream, which would make the host wait for the drafting work queued before it.)
+    """
+    t = torch.tensor(values, dtype=dtype)
+    if dev.type != "cuda":
+        return t
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
+class DeviceDrafts:
+    """Early-exit drafts whose ids are still on the device (the draft-ready overlap of issue 6).
+
+    :meth:`EarlyExitDrafter.propose_batch_device` queues the drafting kernels, then a
+    ``non_blocking`` copy of the ``[B, kmax]`` ids into a pinned host buffer, then records
+    a cuda-python event (:class:`gpu_engine.cuda.Event`) after that copy; it returns
+    without waiting. The engine queues the target forward with :attr:`ids` (device side,
+    ``[last token] + drafts`` built on the device: ``Program.forward_rows_deferred``),
+    and only then calls :meth:`wait` — the host blocks on the event, not on the forward —
+    and :meth:`proposals` to read the ids for the sidecar's lookahead Step and for
+    verification. On the CPU (eager) there is no event: everything already ran, the
+    "event" is trivially complete and :attr:`host` is :attr:`ids` itself.
+
+    Attributes:
+        rows: the drafted rows (``propose_batch_device`` order); ``ks``: their draft counts
+            (every row gets exactly ``ks[i]`` drafts: early exit never stops early).
+        ids: ``[B, kmax]`` int64 on the device; ``-1`` past a row's ``ks[i]``.
+        q: ``(q_ids [B, kmax, S] int64, q_probs [B, kmax, S] float32)`` on the device, or
+            None (one-hot ``q``).
+        host: ``[B, kmax]`` int64 host tensor (pinned on CUDA) the ids are copied into; a view of
+            the drafter's reused buffer, so read it (:meth:`proposals`) before the drafter's next call.
+        event: the ready event (CUDA) or None (CPU).
+        wait_s: host seconds spent blocked in :meth:`wait` (the exposed draft-ready wait).
+    """
+
+    def __init__(self, rows, ks, ids, q, host, event) -> None:
+        self.rows, self.ks, self.ids, self.q, self.host, self.event = list(rows), list(ks), ids, q, host, event
+        self.wait_s = 0.0
+        self._waited = event is None
+
+    @property
+    def lanes(self) -> list[int]:
+        return [r.lane for r in self.rows]
+
+    def ready(self) -> bool:
+        """True when the host copy of the ids is complete (``cudaEventQuery``; never blocks)."""
+        return self._waited or self.event.query()
+
+    def wait(self) -> float:
+        """Block until the ids are on the host (``cudaEventSynchronize``); returns the seconds blocked."""
+        if not self._waited:
+            import time
+
+            t0 = time.perf_counter()
+            self.event.synchronize()
+            self.wait_s = time.perf_counter() - t0
+            self._waited = True
+        return self.wait_s
+
+    def proposals(self) -> list[Proposal]:
+        """Per row the :meth:`Drafter.propose_batch` result (waits for the event first)."""
+        self.wait()
+        ids_host = self.host.tolist()
+        res: list[Proposal] = []
+        for i, k in enumerate(self.ks):
+            d = ids_host[i][:k]
+            res.append((d, (self.q[0][i, :k], self.q[1][i, :k])) if self.q is not None else d)
+        return res
+
+
 # ------------------------------------------------------------------- early exit
 class EarlyExitDrafter(Drafter):
     """Self-speculative drafting with the first ``num_layers`` layers of the target.
@@ -149,25 +222,34 @@ class EarlyExitDrafter(Drafter):
         self.sampled = sampled
         self.method = "early-exit-sampled" if sampled else "early-exit"
 
-    @torch.inference_mode()
     def propose_batch(self, rows: Sequence[Request], ks: Sequence[int]) -> list[Proposal]:
+        if not rows:
+            return []
+        return self.propose_batch_device(rows, ks).proposals()  # the one read-back of the drafting phase
+
+    @torch.inference_mode()
+    def propose_batch_device(self, rows: Sequence[Request], ks: Sequence[int]) -> DeviceDrafts:
+        """Queue the drafting of ``rows`` and the D2H copy of the ids; do not wait (see :class:`DeviceDrafts`).
+
+        No stream synchronisation happens here on CUDA (host inputs go up from pinned
+        memory with ``non_blocking``), so the host can queue the target forward right after.
+        """
         prog, model = self.program, self.program.model
         dev = prog.device
         b = len(rows)
-        if b == 0:
-            return []
         kmax = max(ks)
-        cur = torch.tensor([r.output_ids[-1] for r in rows], dtype=torch.int64, device=dev)  # [B]
-        lanes = torch.tensor([r.lane for r in rows], dtype=torch.int64, device=dev)          # [B]
-        start = torch.tensor([r.num_cached for r in rows], dtype=torch.int64, device=dev)    # [B] positions
-        out = torch.full((b, kmax), -1, dtype=torch.int64, device=dev)                       # [B, kmax]
+        cur = _h2d([r.output_ids[-1] for r in rows], torch.int64, dev)  # [B]
+        lanes = _h2d([r.lane for r in rows], torch.int64, dev)          # [B]
+        start = _h2d([r.num_cached for r in rows], torch.int64, dev)    # [B] positions
+        out = torch.full((b, kmax), -1, dtype=torch.int64, device=dev)  # [B, kmax]
+        q_ids = q_probs = None
         if self.sampled:
             s = Q_CANDIDATES
             q_ids = torch.full((b, kmax, s), -1, dtype=torch.int64, device=dev)
             q_probs = torch.zeros(b, kmax, s, dtype=torch.float32, device=dev)
-            temp = torch.tensor([r.sampling.temperature for r in rows], dtype=torch.float32, device=dev)
-            seed = torch.tensor([r.sampling.seed for r in rows], dtype=torch.int64, device=dev)
-            pos0 = torch.tensor([len(r.output_ids) for r in rows], dtype=torch.int64, device=dev)
+            temp = _h2d([r.sampling.temperature for r in rows], torch.float32, dev)
+            seed = _h2d([r.sampling.seed for r in rows], torch.int64, dev)
+            pos0 = _h2d([len(r.output_ids) for r in rows], torch.int64, dev)
         max_cached = max(r.num_cached for r in rows)
         idx = torch.arange(b, device=dev)
         n_active = b
@@ -175,7 +257,7 @@ class EarlyExitDrafter(Drafter):
             # Rows are ordered arbitrarily; select those that still need a draft (host-side ks: no sync).
             act = [i for i in range(b) if ks[i] > j]
             if len(act) != n_active:
-                idx = torch.tensor(act, dtype=torch.int64, device=dev)
+                idx = _h2d(act, torch.int64, dev)
                 n_active = len(act)
             logits = model.forward(cur[idx].unsqueeze(1), lanes[idx], start[idx] + j, num_layers=self.num_layers,
                                    max_context=prog._bucket(max_cached + j + 1))[:, 0]  # [b', V] float32
@@ -196,12 +278,29 @@ class EarlyExitDrafter(Drafter):
                 q_probs[idx, j] = probs
             out[idx, j] = tok
             cur[idx] = tok
-        ids_host = out.tolist()  # the one read-back of the drafting phase
-        res: list[Proposal] = []
-        for i, k in enumerate(ks):
-            d = ids_host[i][:k]
-            res.append((d, (q_ids[i, :k], q_probs[i, :k])) if self.sampled else d)
-        return res
+        q = (q_ids, q_probs) if self.sampled else None
+        if dev.type != "cuda":  # eager: the ids are final now; the "event" is trivially complete
+            return DeviceDrafts(rows, ks, out, q, out, None)
+        host = self._pinned(b * kmax).view(b, kmax)
+        host.copy_(out, non_blocking=True)  # D2H into pinned memory, ordered after the drafting kernels
+        ev = self._ready_event()
+        ev.record(torch.cuda.current_stream(dev).cuda_stream)
+        return DeviceDrafts(rows, ks, out, q, host, ev)
+
+    def _pinned(self, n: int) -> torch.Tensor:
+        """A flat pinned int64 host buffer of at least ``n`` elements (reused: read before the next step)."""
+        buf = getattr(self, "_host_buf", None)
+        if buf is None or buf.numel() < n:
+            buf = self._host_buf = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
+        return buf[:n]
+
+    def _ready_event(self):
+        ev = getattr(self, "_event", None)
+        if ev is None:
+            from .cuda import Event
+
+            ev = self._event = Event(timing=False)
+        return ev
 
 
 def make_drafter(method: str, program, draft_layers: int = 0) -> Drafter:

@@ -5,7 +5,9 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
 1. admits waiting requests into free lanes (prefill happens in the same step);
 2. for constrained rows, sends one ``Step`` message to the sidecar **before**
    the forward pass (it confirms last step's tokens and asks for this step's
-   bitmasks in ring slot ``seq % num_slots``);
+   bitmasks in ring slot ``seq % num_slots``); with early-exit drafts on CUDA (draft-ready
+   overlap) the draft ids stay on the device: the forward is queued on them first, the host
+   waits on the ids' ready event only, then sends the Step while the forward runs;
 3. runs the model forward (prefill rows batched under a token budget, decode rows batched);
 4. waits for the sidecar's answer only now (the exposed wait is measured),
    checks the slot's sequence number, and samples all rows with their masks;
@@ -56,7 +58,13 @@ class EngineStats:
     draft_s: float = 0.0  # time spent proposing drafts (exposed: the Step message waits for the draft ids)
     spec_steps: int = 0  # steps in which at least one row had drafts
     spec_rows: int = 0  # verified row-steps (rows with drafts, summed over steps, failed rows excluded)
-    per_step_draft_ms: list[float] = field(default_factory=list)  # draft time of each spec step
+    per_step_draft_ms: list[float] = field(default_factory=list)  # draft-ready wait of each spec step (see below)
+    # Draft-ready wait: eager path (CPU, n-gram) = host time to propose the drafts (the Step message and the
+    # forward wait for them); deferred path (CUDA early exit) = host time blocked on the draft ids' ready
+    # event after the target forward was queued. draft_host_s: host time spent queueing / running the drafter.
+    draft_host_s: float = 0.0
+    per_step_draft_host_ms: list[float] = field(default_factory=list)
+    deferred_spec_steps: int = 0  # spec steps that took the deferred (device draft ids) path
 
 
 class Engine:
@@ -92,6 +100,9 @@ class Engine:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._drafters: dict = {}
+        # Draft-ready overlap (issue 6): on CUDA, early-exit draft ids stay on the device; the target forward
+        # is queued with them and the host waits only on their ready event (tests may force it on the CPU).
+        self.defer_drafts = program.device.type == "cuda"
         self._special = frozenset(vocab.special_ids)
         program.eos_ids = tuple(sorted(self.eos))  # speculative verify ends a row at an accepted EOS draft
 
@@ -250,16 +261,53 @@ class Engine:
                     drafts[r.lane] = list(d)
         return drafts, draft_q
 
+    def _propose_rows(self, rows: list[Request]) -> tuple[dict[int, list[int]], dict, list]:
+        """Like :meth:`_drafts_for_rows`, but drafters with device-side ids (early exit) are
+        only queued when :attr:`defer_drafts` is set: their rows are returned as
+        :class:`gpu_engine.drafters.DeviceDrafts` (third item) instead of host ids."""
+        if not self.defer_drafts:
+            drafts, draft_q = self._drafts_for_rows(rows)
+            return drafts, draft_q, []
+        groups: dict[str, tuple[list[Request], list[int]]] = {}
+        for r in rows:
+            k = self._draft_budget(r)
+            if k > 0:
+                rs, ks = groups.setdefault(r.spec_method, ([], []))
+                rs.append(r)
+                ks.append(k)
+        drafts: dict[int, list[int]] = {}
+        draft_q: dict = {}
+        deferred = []
+        for method, (rs, ks) in groups.items():
+            drafter = self._drafter(method)
+            if hasattr(drafter, "propose_batch_device"):
+                deferred.append(drafter.propose_batch_device(rs, ks))
+                continue
+            self._add_proposals(drafts, draft_q, rs, drafter.propose_batch(rs, ks))
+        return drafts, draft_q, deferred
+
+    @staticmethod
+    def _add_proposals(drafts: dict, draft_q: dict, rs: list[Request], proposals) -> None:
+        for r, d in zip(rs, proposals):
+            if isinstance(d, tuple):  # sampled drafter: (ids, (q_ids, q_probs))
+                d, q = d
+                if d:
+                    draft_q[r.lane] = q
+            if d:
+                drafts[r.lane] = list(d)
+
     def _step_rows(self, rows: list[Request]) -> None:
         prog = self.program
         # Drafts (speculation) for rows that are past their first token.
         td = time.perf_counter()
-        drafts, draft_q = self._drafts_for_rows(rows)
-        if drafts:
-            dt = time.perf_counter() - td
+        drafts, draft_q, deferred = self._propose_rows(rows)
+        dt = time.perf_counter() - td
+        if drafts and not deferred:
             self.stats.draft_s += dt
+            self.stats.draft_host_s += dt
             self.stats.spec_steps += 1
             self.stats.per_step_draft_ms.append(dt * 1e3)
+            self.stats.per_step_draft_host_ms.append(dt * 1e3)
         constrained = [r for r in rows if r.constraint is not None]
         seq = slot = -1
         sent = False
@@ -267,6 +315,15 @@ class Engine:
             self._seq += 1
             seq = self._seq
             slot = seq % self.ring.geometry.num_slots
+        forwarded = False
+        if deferred:
+            # Draft-ready overlap: queue the target forward with the device-side draft ids first;
+            # block only on the ids' ready event, then send the Step (lookahead masks need the ids)
+            # while the forward runs.
+            logits = prog.forward_rows_deferred(rows, drafts, deferred)
+            self._resolve_deferred(drafts, draft_q, deferred, dt)
+            forwarded = True
+        if constrained:
             try:
                 if self.sidecar is None:
                     raise SidecarUnavailable("no sidecar")
@@ -278,9 +335,11 @@ class Engine:
             except SidecarUnavailable as e:
                 self._sidecar_lost(constrained, str(e))
                 constrained = []
-                rows = [r for r in rows if not r.finished]
+                if not forwarded:  # else the forward already ran for all rows; finished rows drop below
+                    rows = [r for r in rows if not r.finished]
         # Forward (the sidecar computes masks meanwhile).
-        logits = prog.forward_rows(rows, drafts)  # [B, T, V] float32, T = 1 + max drafts
+        if not forwarded:
+            logits = prog.forward_rows(rows, drafts)  # [B, T, V] float32, T = 1 + max drafts
         # Masks: wait only now.
         words = status = None
         enabled = None
@@ -337,6 +396,20 @@ class Engine:
                 self.stats.spec_rows += 1
                 self.stats.accepted_draft_tokens += acc
             self._commit(r, toks)
+
+    def _resolve_deferred(self, drafts: dict, draft_q: dict, deferred: list, host_s: float) -> None:
+        """Wait on the deferred drafts' ready events (the exposed draft-ready wait) and add their ids."""
+        wait = 0.0
+        for dd in deferred:
+            wait += dd.wait()
+            self._add_proposals(drafts, draft_q, dd.rows, dd.proposals())
+        self.stats.draft_s += wait
+        self.stats.draft_host_s += host_s
+        self.stats.per_step_draft_host_ms.append(host_s * 1e3)
+        self.stats.deferred_spec_steps += 1
+        if drafts:
+            self.stats.spec_steps += 1
+            self.stats.per_step_draft_ms.append(wait * 1e3)
 
     def _num_accepted(self, toks: list[int], drafts: list[int]) -> int:
         """Accepted drafts among a verified row's committed tokens.

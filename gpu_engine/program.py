@@ -22,6 +22,20 @@ PREFILL_CHUNK = 512  # prompt tokens of one row per prefill forward (long prompt
 PREFILL_TOKEN_BUDGET = 4096  # padded tokens (rows x longest piece) per batched prefill forward
 
 
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without blocking the host.
+
+    ``torch.tensor(list, device="cuda")`` copies from pageable memory, which makes the host
+    wait until everything already queued on the stream has run (a prefill launched behind a
+    decode graph would wait for it, and the next launches for the prefill). Pinned memory and
+    ``non_blocking`` keep the host free (torch's pinned-memory cache keeps the buffer alive
+    until the copy is done).
+    """
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _row_error(code: int) -> RowError:
     if code == SAMPLE_ERR_EMPTY_MASK:
         return RowError("ConstraintDeadEnd", "the constraint allows no token at this position", "FAILED_PRECONDITION")
@@ -98,7 +112,7 @@ class Program:
                 dec_idx.append(i)
                 dec_rows.append(r)
         if pre_idx:
-            out[torch.tensor(pre_idx, device=self.device), 0] = self._prefill_rows([rows[i] for i in pre_idx])
+            out[to_device_async(torch.tensor(pre_idx), self.device), 0] = self._prefill_rows([rows[i] for i in pre_idx])
         if T > 1:
             # A padded row (fewer drafts than T - 1) must not write past its lane's context:
             # such rows (only near max_seq_len) run alone with their own T.
@@ -123,6 +137,86 @@ class Program:
             logits = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
                                         max_context=ctx)
             out[torch.tensor(dec_idx, device=self.device)] = logits.float()
+        return out
+
+    def _h2d(self, t: torch.Tensor) -> torch.Tensor:
+        """Host tensor → device without a stream sync (pinned + ``non_blocking`` on CUDA)."""
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def forward_rows_deferred(self, rows: list[Request], drafts: dict[int, list[int]], deferred: list) -> torch.Tensor:
+        """:meth:`forward_rows` where some rows' drafts are still on the device (draft-ready overlap).
+
+        Args:
+            rows: this step's rows.
+            drafts: lane → host draft ids (e.g. n-gram rows).
+            deferred: :class:`gpu_engine.drafters.DeviceDrafts` whose ``ids [b, kmax]`` are device
+                tensors not yet read back (their lanes are not in ``drafts``); row ``i`` of one
+                has exactly ``ks[i]`` drafts.
+
+        Each decode row runs ``[last token] + drafts`` with the device ids scattered into the
+        uploaded input on the device, so queueing this forward never waits for the drafts. On
+        CUDA no host-device synchronisation happens here for decode rows (inputs go up from
+        pinned memory, ``non_blocking``); prefill rows in the same step run as in
+        :meth:`forward_rows`. Same result and ``[B, T, V]`` float32 layout as
+        :meth:`forward_rows` with the drafts on the host.
+        """
+        dev = self.device
+        dmap: dict[int, tuple] = {}  # lane -> (DeviceDrafts, row index in it, k)
+        for dd in deferred:
+            for j, (r, k) in enumerate(zip(dd.rows, dd.ks)):
+                dmap[r.lane] = (dd, j, k)
+
+        def n_drafts(r: Request) -> int:
+            return dmap[r.lane][2] if r.lane in dmap else len(drafts.get(r.lane, ()))
+
+        T = 1 + max((n_drafts(r) for r in rows), default=0)
+        pre_idx = [i for i, r in enumerate(rows) if r.num_cached == 0 and not r.output_ids]
+        dec_idx = [i for i, r in enumerate(rows) if not (r.num_cached == 0 and not r.output_ids)]
+        # a padded row must not write past its lane's context: such rows run alone with their own T
+        groups: list[tuple[list[int], int]] = []
+        tight = [i for i in dec_idx if rows[i].num_cached + T > self.max_seq_len]
+        main = [i for i in dec_idx if rows[i].num_cached + T <= self.max_seq_len]
+        if main:
+            groups.append((main, T))
+        groups += [([i], 1 + n_drafts(rows[i])) for i in tight]
+        parts: list[tuple[list[int], torch.Tensor]] = []
+        for idx, t in groups:
+            grp = [rows[i] for i in idx]
+            ids = torch.zeros(len(grp), t, dtype=torch.int64)
+            for j, r in enumerate(grp):
+                seq = [r.output_ids[-1]] + ([] if r.lane in dmap else list(drafts.get(r.lane, ())))
+                ids[j, : len(seq)] = torch.tensor(seq)
+            lanes = torch.tensor([r.lane for r in grp], dtype=torch.int64)
+            start = torch.tensor([r.num_cached for r in grp], dtype=torch.int64)
+            ids_d = self._h2d(ids)
+            for dd in deferred:  # scatter device-side drafts into columns 1 .. k
+                pairs = [(j, dmap[r.lane][1]) for j, r in enumerate(grp) if r.lane in dmap and dmap[r.lane][0] is dd]
+                if not pairs:
+                    continue
+                kk = min(dd.ids.shape[1], t - 1)
+                src_rows = [b for _, b in pairs]
+                src = dd.ids if src_rows == list(range(dd.ids.shape[0])) else \
+                    dd.ids.index_select(0, self._h2d(torch.tensor(src_rows, dtype=torch.int64)))
+                dst = self._h2d(torch.tensor([a for a, _ in pairs], dtype=torch.int64))
+                cols = torch.zeros(len(grp), t, dtype=torch.int64, device=dev)
+                cols[:, 1: 1 + kk].index_copy_(0, dst, src[:, :kk].clamp_min(0))  # -1 padding -> token 0 (ignored)
+                ids_d = ids_d + cols  # host zeros in those columns
+            ctx = self._bucket(max(r.num_cached for r in grp) + t)
+            lg = self.model.forward(ids_d, self._h2d(lanes), self._h2d(start), max_context=ctx)
+            parts.append((idx, lg.float()))
+        if not pre_idx and len(parts) == 1 and parts[0][0] == list(range(len(rows))):
+            return parts[0][1]  # the common case: all rows decode in one forward, in order
+        out = torch.zeros(len(rows), T, self.vocab_size, dtype=torch.float32, device=dev)
+        if pre_idx:
+            out[torch.tensor(pre_idx, device=dev), 0] = self._prefill_rows([rows[i] for i in pre_idx])
+        for idx, lg in parts:
+            if lg.shape[1] == T:
+                out.index_copy_(0, self._h2d(torch.tensor(idx, dtype=torch.int64)), lg)
+            else:  # a tight row alone: columns past its drafts stay 0 (finite placeholders)
+                out[idx[0], : lg.shape[1]].copy_(lg[0])
         return out
 
     def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
@@ -167,19 +261,23 @@ class Program:
                 lanes = torch.tensor([rows[j].lane for _, j in g], dtype=torch.int64)
                 start = torch.tensor([done[j] for _, j in g], dtype=torch.int64)
                 ctx = self._prefill_ctx(max(done[j] for _, j in g) + T)
+                dev = self.device
                 if all(ln == T for ln, _ in g):
-                    lg = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
-                                            max_context=ctx, last_only=True)
+                    lg = self.model.forward(to_device_async(ids, dev), to_device_async(lanes, dev),
+                                            to_device_async(start, dev), max_context=ctx, last_only=True)
                 else:
                     li = torch.tensor([ln - 1 for ln, _ in g], dtype=torch.int64)
-                    lg = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
-                                            max_context=ctx, logit_index=li.to(self.device))
+                    lg = self.model.forward(to_device_async(ids, dev), to_device_async(lanes, dev),
+                                            to_device_async(start, dev), max_context=ctx,
+                                            logit_index=to_device_async(li, dev))
                 for b, (ln, j) in enumerate(g):
                     done[j] += ln
                 last = [b for b, (_, j) in enumerate(g) if done[j] == len(rows[j].prompt_ids)]
-                if last:
-                    sel = [g[b][1] for b in last]
-                    out[torch.tensor(sel, device=self.device)] = lg[torch.tensor(last, device=self.device), -1].float()
+                if len(last) == len(g) == n and all(g[b][1] == b for b in last):
+                    out = lg[:, -1].float()  # one forward held every row, in order
+                elif last:
+                    sel = to_device_async(torch.tensor([g[b][1] for b in last]), dev)
+                    out[sel] = lg[to_device_async(torch.tensor(last), dev), -1].float()
         for r in rows:
             r.num_cached = len(r.prompt_ids)
         return out

@@ -56,6 +56,7 @@ def reduce_schema(schema, unknown_keywords: str = "reject"):
     if isinstance(schema, dict):
         _collect_anchors(schema, "", r.anchors)
     node = r.translate(schema, "")
+    r.check_oneof()
     if r.is_never(node) or _unproductive(node):
         raise ConstraintError("UnsatisfiableSchema", "the schema has no valid instance", "")
     return node
@@ -111,16 +112,19 @@ def _unproductive(root) -> bool:
     return not prod(root, set())
 
 
-def json_schema_to_ebnf(source: str, *, unknown_keywords: str = "reject") -> str:
+def json_schema_to_ebnf(source: str, *, unknown_keywords: str = "reject", expand_repetitions: bool = False) -> str:
     """Schema JSON text -> EBNF text with `root`. Raises ConstraintError(InvalidSchema |
     UnsupportedSchema | UnsatisfiableSchema, message, JSON Pointer).
 
     unknown_keywords: "reject" (the contract of issue 4) or "annotate" (opt-in: keywords that are
     neither known assertions nor known annotations are kept as annotations, as JSON Schema 2020-12
-    section 4.3.1 and the `jsonschema` validator do; `$`-prefixed unknown keywords stay rejected)."""
+    section 4.3.1 and the `jsonschema` validator do; `$`-prefixed unknown keywords stay rejected).
+
+    expand_repetitions: write bounded repetitions out (same language; for lazily compiled grammars,
+    see constraint_service.regex.ebnf.repeat)."""
     schema = parse_schema(source)
     node = reduce_schema(schema, unknown_keywords)
-    return emit_grammar(node)
+    return emit_grammar(node, expand_repetitions=expand_repetitions)
 
 
 __all__ = ["json_schema_to_ebnf", "reduce_schema", "parse_schema"]

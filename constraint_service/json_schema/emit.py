@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import ConstraintError
+from ..regex.ebnf import repeat
 from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json, dfa_to_rules,
                      ebnf_string, parse_regex, product_dfa, search_ast)
 from ..regex.automaton import DFA
@@ -30,7 +31,8 @@ def json_literal(v) -> str:
 
 
 class Emitter:
-    def __init__(self):
+    def __init__(self, expand: bool = False):
+        self.expand = expand
         self.rules: list[str] = []
         self.names: dict[int, str] = {}
         self.count = 0
@@ -113,14 +115,12 @@ class Emitter:
     # ---- strings -------------------------------------------------------------
     def string(self, n: String, ptr: str) -> str:
         if not n.patterns:
-            if n.max_len is None:
-                if n.min_len == 0:
-                    return "j_string"
-                return f'"\\"" j_char{{{n.min_len},}} "\\""'
-            return f'"\\"" j_char{{{n.min_len},{n.max_len}}} "\\""'
+            if n.max_len is None and n.min_len == 0:
+                return "j_string"
+            return f'"\\"" {repeat("j_char", n.min_len, n.max_len, self.expand)} "\\""'
         if len(n.patterns) == 1 and n.min_len == 0 and n.max_len is None:
             ast = search_ast(parse_regex(n.patterns[0], "UnsupportedSchema"))
-            return '"\\"" ' + ast_to_expr(ast, json_mode=True) + ' "\\""'
+            return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=self.expand) + ' "\\""'
         key = (n.patterns, n.min_len, n.max_len)
         if key not in self.str_memo:
             try:
@@ -158,9 +158,7 @@ class Emitter:
             hi = None if mx is None else mx - i
             if hi is not None and hi <= 0:
                 return '""'
-            if hi is None:
-                return f'("," {item}){{{lo},}}' if lo else f'("," {item})*'
-            return f'("," {item}){{{lo},{hi}}}'
+            return repeat(f'("," {item})', lo, hi, self.expand)
 
         alts = []
         if mn == 0:
@@ -251,8 +249,8 @@ class Emitter:
         return f'"{{" {S(0, True)} "}}"'
 
 
-def emit_grammar(root: Node, ptr: str = "") -> str:
-    em = Emitter()
+def emit_grammar(root: Node, ptr: str = "", expand_repetitions: bool = False) -> str:
+    em = Emitter(expand_repetitions)
     top = em.expr(root, ptr)
     lines = [f"root ::= {top}"] + em.rules
     return "\n".join(lines) + "\n" + BASE_RULES

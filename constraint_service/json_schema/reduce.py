@@ -56,6 +56,16 @@ class Reducer:
         self.merges = 0
         self.inter_memo: dict = {}
         self.anchors: dict[str, str] = {}
+        self.pending_oneof: list = []
+
+    def check_oneof(self):
+        """Every oneOf must have pairwise provably exclusive branches (else UnsupportedSchema at it)."""
+        for cp, live in sorted(self.pending_oneof, key=lambda x: x[0]):
+            for i in range(len(live)):
+                for j in range(i + 1, len(live)):
+                    if not self.disjoint(live[i], live[j], 0):
+                        self.unsupported(cp, "oneOf branches are not provably exclusive")
+        self.pending_oneof = []
 
     # ---- errors --------------------------------------------------------
     def unsupported(self, ptr, msg):
@@ -159,10 +169,9 @@ class Reducer:
             else:
                 parts = [self.intersect(node, b, f"{cp}/{i}") for i, b in enumerate(branches)]
                 live = [p for p in parts if not self.is_never(p)]
-                for i in range(len(live)):
-                    for j in range(i + 1, len(live)):
-                        if not self.disjoint(live[i], live[j], 0):
-                            self.unsupported(cp, "oneOf branches are not provably exclusive")
+                # proven after the whole document is reduced, when every referenced definition
+                # (including ones still being built here, under recursion) is complete
+                self.pending_oneof.append((cp, live))
                 node = self.simplify_union(live)
         return node
 
@@ -571,8 +580,21 @@ class Reducer:
             return not any(self.accepts(rb, v, 0) for v in ra.values)
         if isinstance(rb, Const):
             return not any(self.accepts(ra, v, 0) for v in rb.values)
-        if isinstance(ra, Integer) and isinstance(rb, Integer):
-            return ra.hi < rb.lo or rb.hi < ra.lo
+        if isinstance(ra, (Integer, Number)) and isinstance(rb, (Integer, Number)):
+            return self.intervals_disjoint(ra, rb)
+        if isinstance(ra, String) and isinstance(rb, String):
+            return self.strings_disjoint(ra, rb)
+        if isinstance(ra, Array) and isinstance(rb, Array):
+            amax = math.inf if ra.max_items is None else ra.max_items
+            bmax = math.inf if rb.max_items is None else rb.max_items
+            if amax < rb.min_items or bmax < ra.min_items:
+                return True  # length ranges do not meet
+            for k in range(min(ra.min_items, rb.min_items)):  # a position both must have
+                pa = ra.prefix[k] if k < len(ra.prefix) else ra.items
+                pb = rb.prefix[k] if k < len(rb.prefix) else rb.items
+                if self.disjoint(pa, pb, depth + 1):
+                    return True
+            return False
         if isinstance(ra, Object) and isinstance(rb, Object):
             da, db = dict(ra.props), dict(rb.props)
             for k in set(ra.required) & set(rb.required):
@@ -585,3 +607,38 @@ class Reducer:
                         return True
             return False
         return False
+
+    @staticmethod
+    def _interval(n):
+        if isinstance(n, Integer):
+            return n.lo, False, n.hi, False
+        return n.lo, n.lo_ex, n.hi, n.hi_ex
+
+    def intervals_disjoint(self, a, b) -> bool:
+        """Numeric ranges that cannot share a value (integers are numbers: integer is a subdomain)."""
+        alo, alo_ex, ahi, ahi_ex = self._interval(a)
+        blo, blo_ex, bhi, bhi_ex = self._interval(b)
+
+        def below(hi, hi_ex, lo, lo_ex):  # every value <= hi is < every value >= lo
+            if hi is None or lo is None:
+                return False
+            return hi < lo or (hi == lo and (hi_ex or lo_ex))
+        return below(ahi, ahi_ex, blo, blo_ex) or below(bhi, bhi_ex, alo, alo_ex)
+
+    def strings_disjoint(self, a, b) -> bool:
+        """No string satisfies both (length ranges, then the product automaton of all patterns)."""
+        mn = max(a.min_len, b.min_len)
+        mxs = [m for m in (a.max_len, b.max_len) if m is not None]
+        mx = min(mxs) if mxs else None
+        if mx is not None and mn > mx:
+            return True
+        pats = tuple(dict.fromkeys(a.patterns + b.patterns))
+        if not pats:
+            return False
+        from ..regex import AutomatonLimit, build_nfa, parse_regex, product_dfa, search_ast
+        try:
+            nfas = [build_nfa(search_ast(parse_regex(p, "UnsupportedSchema"))) for p in pats]
+            dfa = product_dfa(nfas, mn, mx, 4_096, 8_192)
+        except (AutomatonLimit, ConstraintError):
+            return False  # not provable within the proof budget
+        return not dfa.accept

@@ -78,20 +78,47 @@ def charset_json(ranges) -> str:
     return "(" + " | ".join(alts) + ")"
 
 
-def ast_to_expr(node, json_mode: bool) -> str:
+# Bounded repetition. xgrammar 0.2.9 evaluates `X{m,n}` of anything but a plain character class at
+# match time (measured with the SmolLM2 vocabulary: 0.1 s per mask for `j_char{1,}`, 0.5-1 s for
+# `j_char{0,255}`), so a small lower bound is always written out as copies followed by `X*` (same
+# language, precompiled masks). With expand=True every bound up to EXPAND_LIMIT is written out (copies,
+# then nested optionals): the same language again, used where masks are computed lazily (the fuzz
+# harness compiles with enable_dynamic_compilation); eager compilation of long expansions is costly.
+COPY_LIMIT = 32
+EXPAND_LIMIT = 1024
+
+
+def repeat(x: str, lo: int, hi: int | None, expand: bool = False) -> str:
+    """EBNF for x{lo,hi} (hi None = unbounded); x must be an atom (a name or a parenthesised group)."""
+    if hi is not None and hi < lo:
+        return "[]"
+    if hi == 0:
+        return '""'
+    if hi is None and (lo <= COPY_LIMIT or (expand and lo <= EXPAND_LIMIT)):
+        return " ".join([x] * lo + [f"{x}*"])
+    if expand and hi is not None and hi <= EXPAND_LIMIT:
+        opt = ""
+        for _ in range(hi - lo):
+            opt = f"({x} {opt})?" if opt else f"({x})?"
+        parts = [x] * lo + ([opt] if opt else [])
+        return "(" + " ".join(parts) + ")"
+    return f"{x}{{{lo},{'' if hi is None else hi}}}"
+
+
+def ast_to_expr(node, json_mode: bool, expand: bool = False) -> str:
     kind = node[0]
     if kind == "chars":
         return charset_json(node[1]) if json_mode else charset_raw(node[1])
     if kind == "cat":
         if not node[1]:
             return '""'
-        parts = [ast_to_expr(c, json_mode) for c in node[1]]
+        parts = [ast_to_expr(c, json_mode, expand) for c in node[1]]
         return parts[0] if len(parts) == 1 else "(" + " ".join(parts) + ")"
     if kind == "alt":
-        return "(" + " | ".join(ast_to_expr(c, json_mode) for c in node[1]) + ")"
+        return "(" + " | ".join(ast_to_expr(c, json_mode, expand) for c in node[1]) + ")"
     if kind == "rep":
         _, sub, lo, hi = node
-        inner = ast_to_expr(sub, json_mode)
+        inner = ast_to_expr(sub, json_mode, expand)
         if (lo, hi) == (0, None):
             return "(" + inner + ")*"
         if (lo, hi) == (1, None):
@@ -102,9 +129,7 @@ def ast_to_expr(node, json_mode: bool) -> str:
             return '""'
         if (lo, hi) == (1, 1):
             return inner
-        if hi is None:
-            return "(" + inner + "){%d,}" % lo
-        return "(" + inner + "){%d,%d}" % (lo, hi)
+        return "(" + repeat("(" + inner + ")", lo, hi, expand) + ")"
     raise ValueError(kind)
 
 

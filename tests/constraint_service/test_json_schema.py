@@ -10,8 +10,8 @@ from constraint_service.json_schema import json_schema_to_ebnf
 _COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
 
 
-def lang(schema):
-    compiled = _COMPILER.compile_grammar(json_schema_to_ebnf(json.dumps(schema)))
+def lang(schema, expand=False):
+    compiled = _COMPILER.compile_grammar(json_schema_to_ebnf(json.dumps(schema), expand_repetitions=expand))
 
     def accepts(text: str) -> bool:
         m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
@@ -57,6 +57,18 @@ UNSUPPORTED = [
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "string", "pattern": "\\p{L}"}, "/pattern"),
     ({"$dynamicRef": "#a"}, "/$dynamicRef"),
+    ({"$defs": {"a": {"$dynamicAnchor": "x"}}, "$ref": "#/$defs/a"}, "/$defs/a/$dynamicAnchor"),
+    ({"$recursiveRef": "#"}, "/$recursiveRef"),
+    ({"$recursiveAnchor": True}, "/$recursiveAnchor"),
+    ({"type": "object", "properties": {"a": {"minProperties": 1, "type": "object"}}}, "/properties/a/minProperties"),
+    ({"type": "array", "items": {"unevaluatedItems": False}}, "/items/unevaluatedItems"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "contentMediaType": "application/json"}, "/contentMediaType"),
+    ({"id": "x"}, "/id"),
+    ({"$ref": "other.json#/a"}, "/$ref"),
+    ({"$schema": "http://example.com/custom-meta"}, "/$schema"),
+    ({"oneOf": [{"type": "number", "minimum": 0}, {"type": "integer", "maximum": 0}]}, "/oneOf"),
+    ({"oneOf": [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}]}, "/oneOf"),
+    ({"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, "/oneOf"),
 ]
 
 
@@ -74,6 +86,23 @@ def test_limits_are_named():
         json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "[ab]*a[ab]{15}", "maxLength": 200,
                                          "allOf": [{"pattern": "[ab]*b[ab]{15}"}]}))
     assert ei.value.kind == "UnsupportedSchema" and "states" in ei.value.message
+
+
+def test_merge_and_depth_limits_are_named():
+    # 2^15 branch combinations of an allOf of anyOfs exceed the 16,384 intersection merges
+    schema = {"allOf": [{"anyOf": [{"type": "string", "minLength": i}, {"type": "string", "maxLength": 100 + i}]}
+                        for i in range(16)]}
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(json.dumps(schema))
+    assert ei.value.kind == "UnsupportedSchema" and "16384 intersection merges" in ei.value.message
+    assert ei.value.location.startswith("/allOf/")
+    deep = 1
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(json.dumps({"const": deep}))
+    assert ei.value.kind == "UnsupportedSchema" and "depth limit 256" in ei.value.message
+    assert ei.value.location == "/const"
 
 
 UNSAT = [
@@ -159,15 +188,41 @@ ENFORCED = {
                            ['["a",1]'], ['["a","b"]', "[1]"]),
     "draft7-additionalItems-false": ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
                                       "items": [{"type": "string"}], "additionalItems": False}, ['["a"]'], ['["a",1]']),
+    "false-subschema": ({"type": "object", "properties": {"a": False, "b": {}}}, ['{"b":1}', "{}"], ['{"a":1}']),
+    "$anchor": ({"$defs": {"p": {"$anchor": "pos", "type": "integer", "minimum": 1}}, "items": {"$ref": "#pos"},
+                 "type": "array"}, ["[1,2]"], ["[0]"]),
+    "integer-decimal-bounds": ({"type": "integer", "exclusiveMinimum": 1.5, "maximum": 3.9}, ["2", "3"], ["1", "4", "2.5"]),
+    "draft4-exclusive-boolean": ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer",
+                                  "minimum": 0, "exclusiveMinimum": True}, ["1"], ["0"]),
+    "minLength-long": ({"type": "string", "minLength": 40}, ['"' + "x" * 40 + '"', '"' + "\\n" * 41 + '"'],
+                       ['"' + "x" * 39 + '"']),
+    "minLength+maxLength": ({"type": "string", "minLength": 2, "maxLength": 4}, ['"ab"', '"a\\"cd"'], ['"a"', '"abcde"']),
+    "minItems+maxItems": ({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
+                          ["[1,2]", "[1,2,3]"], ["[1]", "[1,2,3,4]"]),
+    "pattern-counted": ({"type": "string", "pattern": "^x{2,3}$"}, ['"xx"', '"xxx"'], ['"x"', '"xxxx"']),
+    "oneOf-numeric-ranges": ({"oneOf": [{"type": "integer", "maximum": 0}, {"type": "number", "exclusiveMinimum": 0}]},
+                             ["0", "-3", "0.5", "7"], ['"x"']),
+    "oneOf-disjoint-patterns": ({"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "^b"}]},
+                                ['"ax"', '"bx"'], ['"cx"', '""']),
+    "oneOf-array-lengths": ({"oneOf": [{"type": "array", "maxItems": 1}, {"type": "array", "minItems": 2, "items": {"type": "integer"}}]},
+                            ["[]", '["a"]', "[1,2]"], ['["a","b"]']),
+    "oneOf-closed-objects": ({"oneOf": [
+        {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
+        {"type": "object", "properties": {"b": {}}, "required": ["b"], "additionalProperties": False}]},
+        ['{"a":1}', '{"b":1}'], ["{}", '{"a":1,"b":2}']),
+    "oneOf-recursive-refs": ({"$defs": {"node": {"oneOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/$defs/node"}}]}},
+                              "$ref": "#/$defs/node"}, ["1", "[1,[2,[]]]"], ['["x"]']),
     "annotations": ({"type": "string", "title": "t", "description": "d", "default": "x", "examples": ["y"],
                      "$comment": "c", "readOnly": True, "writeOnly": False, "deprecated": False}, ['"s"'], ["1"]),
 }
 
 
+@pytest.mark.parametrize("expand", [False, True], ids=["served", "expanded"])
 @pytest.mark.parametrize("name", sorted(ENFORCED))
-def test_keyword_enforced(name):
+def test_keyword_enforced(name, expand):
+    """Both grammar texts (served, and bounded repetitions written out as the fuzz compiles them)."""
     schema, good, bad = ENFORCED[name]
-    acc = lang(schema)
+    acc = lang(schema, expand)
     for g in good:
         assert acc(g), (name, g)
     for b in bad:
@@ -189,3 +244,16 @@ def test_unknown_keywords_opt_in_annotation_mode():
         json_schema_to_ebnf(src)
     assert ei.value.location == "/javaName"
     assert "root" in json_schema_to_ebnf(src, unknown_keywords="annotate")
+
+
+def test_canonical_generation_form_of_instances():
+    """The benchmark's canonical re-serialisation: integers as int64 literals (1.0 -> 1), finite values
+    as written in the schema (key order, 0 vs 0.0), declared property order first."""
+    from constraint_service.json_schema import canonicalize
+    assert canonicalize({"type": "integer"}, 1.0) == 1 and isinstance(canonicalize({"type": "integer"}, 1.0), int)
+    assert isinstance(canonicalize({"type": "number"}, 1.0), float)
+    assert list(canonicalize({"const": {"foo": 1, "baz": 2}}, {"baz": 2, "foo": 1})) == ["foo", "baz"]
+    assert json.dumps(canonicalize({"enum": [[0]]}, [0.0])) == "[0]"
+    assert list(canonicalize({"type": "object", "properties": {"b": {}, "a": {}}}, {"a": 1, "z": 0, "b": 2})) == ["b", "a", "z"]
+    acc = lang({"type": "integer"})
+    assert acc("1") and not acc("1.0")

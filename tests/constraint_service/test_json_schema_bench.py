@@ -1,6 +1,8 @@
 """CI-fast sample of the JSON Schema benchmark: >= 500 dev schemas across all subsets plus the whole
-JSON Schema Test Suite file; 0 soundness violations and no internal errors."""
+JSON Schema Test Suite file; 0 soundness violations and no internal errors; a fuzz sample (random walks
+through the masks of the real SmolLM2 vocabulary) with 0 failures."""
 import collections
+import json
 import os
 import random
 import sys
@@ -13,7 +15,10 @@ DEV = os.path.join(DATA, "jsonschemabench-maskbench-dev.jsonl.gz")
 SUITE = os.path.join(DATA, "json-schema-test-suite.jsonl.gz")
 
 sys.path.insert(0, ROOT)
-from bench.jsonschema_bench import evaluate_record, load_records, subset_of  # noqa: E402
+from bench.jsonschema_bench import Fuzzer, evaluate_record, load_records, subset_of  # noqa: E402
+from constraint_service.json_schema import json_schema_to_ebnf  # noqa: E402
+
+MODEL = os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def _stratified(recs, n, seed=0):
@@ -38,14 +43,38 @@ def _check(rows):
     assert not viol, viol[:3]
 
 
-@pytest.mark.skipif(not os.path.exists(DEV), reason="shared data not present")
-def test_dev_sample_sound():
+@pytest.fixture(scope="module")
+def dev_sample():
     recs = _stratified(load_records(DEV), 520)
+    return recs, [evaluate_record(r)[0] for r in recs]
+
+
+@pytest.mark.skipif(not os.path.exists(DEV), reason="shared data not present")
+def test_dev_sample_sound(dev_sample):
+    recs, rows = dev_sample
     assert len(recs) >= 500
     assert len({subset_of(r) for r in recs}) == len({subset_of(r) for r in load_records(DEV)})
-    rows = [evaluate_record(r)[0] for r in recs]
     _check(rows)
     assert sum(r["status"] == "accepted" for r in rows) > 0
+
+
+@pytest.mark.skipif(not (os.path.exists(DEV) and os.path.exists(MODEL)), reason="shared data or model not present")
+def test_dev_fuzz_sample(dev_sample):
+    """50 accepted schemas x 1 walk (256 tokens): every completed output validates with `jsonschema`."""
+    recs, rows = dev_sample
+    acc = [r for r, row in zip(recs, rows) if row["status"] == "accepted"]
+    picked = random.Random(7).sample(acc, 50)
+    fz = Fuzzer(MODEL, 256, seed=0)
+    total = collections.Counter()
+    bad = []
+    for r in picked:
+        ebnf = json_schema_to_ebnf(json.dumps(r["schema"], ensure_ascii=False), expand_repetitions=True)
+        res = fz.walks(r["schema"], ebnf, 1, key=r["id"])
+        total.update({k: v for k, v in res.items() if isinstance(v, int)})
+        if res["failures"]:
+            bad.append((r["id"], res.get("examples")))
+    assert not bad, bad[:3]
+    assert total["walks"] == 50 and total["completed"] >= 25, dict(total)
 
 
 @pytest.mark.skipif(not os.path.exists(SUITE), reason="shared data not present")

@@ -189,3 +189,61 @@ def test_early_exit_sampled_greedy_rows_get_one_hot_q(model):
     assert ids == greedy
     assert q_ids[:, 0].tolist() == greedy and (q_ids[:, 1:] == -1).all()
     assert q_probs[:, 0].tolist() == [1.0] * 3 and (q_probs[:, 1:] == 0).all()
+
+
+# ------------------------------------------------ device-side drafts (draft-ready overlap)
+def test_propose_batch_device_on_cpu_is_trivially_ready_and_matches_propose_batch(model):
+    from gpu_engine.drafters import DeviceDrafts
+
+    prompts = {0: [5, 9, 2, 7], 1: [3, 3, 8]}
+    rows = []
+    for lane, p in prompts.items():
+        _prefill(model, lane, p[:-1])
+        rows.append(_row(lane, p[:-1], [p[-1]], temperature=0.9, seed=lane))
+    for sampled in (False, True):
+        d = EarlyExitDrafter(_Prog(model), num_layers=2, sampled=sampled)
+        dd = d.propose_batch_device(rows, [3, 1])
+        assert isinstance(dd, DeviceDrafts) and dd.event is None and dd.ready() and dd.wait() == 0.0
+        assert dd.ids.shape == (2, 3) and dd.ids[1, 1:].tolist() == [-1, -1]  # padding past ks
+        assert dd.lanes == [0, 1] and (dd.q is not None) == sampled
+        got, ref = dd.proposals(), d.propose_batch(rows, [3, 1])
+        for g, r in zip(got, ref):
+            if sampled:
+                assert g[0] == r[0] and torch.equal(g[1][0], r[1][0]) and torch.equal(g[1][1], r[1][1])
+            else:
+                assert g == r
+
+
+def test_forward_rows_deferred_equals_forward_rows_with_host_drafts(model):
+    """Device-side draft ids scattered into [last] + drafts give the very logits of the host path:
+    mixed deferred (two k) / host-drafted / draft-less / prefill / near-max_seq_len rows."""
+    from gpu_engine.program import Program
+
+    prog = Program(model, V, torch.device("cpu"))
+    seq = model.max_seq_len  # 64
+    g = torch.Generator().manual_seed(1)
+    prompts = {lane: torch.randint(0, V, (n,), generator=g).tolist() for lane, n in
+               [(0, 6), (1, 5), (2, 9), (3, 4), (5, seq - 3)]}
+    rows = {}
+    for lane, p in prompts.items():
+        _prefill(model, lane, p[:-1])
+        rows[lane] = _row(lane, p[:-1], [p[-1]])
+    pre = Request("pre", prompt_ids=[4, 8, 15, 16], max_tokens=8, sampling=SamplingOptions())
+    pre.lane = 4
+    d = EarlyExitDrafter(_Prog(model), num_layers=2)
+    dd = d.propose_batch_device([rows[0], rows[2], rows[5]], [3, 1, 2])  # lane 5: 61 cached + T=4 > 64
+    host = {1: [7, 3]}
+    order = [rows[1], rows[0], pre, rows[3], rows[2], rows[5]]
+    ref_drafts = dict(host)
+    for r, p in zip(dd.rows, dd.proposals()):
+        ref_drafts[r.lane] = p
+    ref = prog.forward_rows(order, ref_drafts)
+    pre.num_cached = 0  # run the prefill row again
+    got = prog.forward_rows_deferred(order, host, [dd])
+    assert got.shape == ref.shape == (6, 4, V)
+    for i, r in enumerate(order):
+        n = 1 if r is pre else 1 + len(ref_drafts.get(r.lane, []))
+        assert torch.equal(got[i, :n], ref[i, :n]), (i, r.lane)
+    # the common case (all rows decode, one forward, in order) returns the forward's logits directly
+    got2 = prog.forward_rows_deferred([rows[0], rows[2]], {}, [d.propose_batch_device([rows[0], rows[2]], [2, 2])])
+    assert got2.shape == (2, 3, V)

@@ -163,6 +163,36 @@ class ListDrafter:
         return [self.fn(r)[:k] for r, k in zip(rows, ks)]
 
 
+class DeferredDrafter:
+    """A host drafter behind the device-side interface (``propose_batch_device`` → :class:`DeviceDrafts`,
+    no event on the CPU): drives the engine's draft-ready overlap path (forward queued with device
+    ids, ids read after it, Step sent then)."""
+
+    def __init__(self, inner):
+        self.inner, self.device_calls = inner, 0
+
+    def propose_batch(self, rows, ks):
+        return self.inner.propose_batch(rows, ks)
+
+    def propose_batch_device(self, rows, ks):
+        from gpu_engine.drafters import DeviceDrafts
+
+        self.device_calls += 1
+        props = self.inner.propose_batch(rows, ks)
+        kmax = max(ks)
+        ids = torch.full((len(rows), kmax), -1, dtype=torch.int64)
+        sparse = isinstance(props[0], tuple)
+        q = (torch.full((len(rows), kmax, 16), -1, dtype=torch.int64), torch.zeros(len(rows), kmax, 16)) \
+            if sparse else None
+        for i, (p, k) in enumerate(zip(props, ks)):
+            d = p[0] if sparse else p
+            assert len(d) >= k
+            ids[i, :k] = torch.tensor(d[:k])
+            if sparse:
+                q[0][i, :k], q[1][i, :k] = p[1][0][:k], p[1][1][:k]
+        return DeviceDrafts(rows, ks, ids, q, ids, None)
+
+
 def _engine(table, dfa, drafter, k, max_lanes=64):
     vocab = TokenVocabulary(V, tuple(bytes([65 + i % 26]) for i in range(V)), frozenset({EOS}), (EOS,))
     ring = MaskRing.create(f"ninfer-test-spec-{os.getpid()}-{uuid.uuid4().hex[:8]}",
@@ -205,8 +235,10 @@ def _onehot(ids):
 
 
 # ------------------------------------------------------------------ seed §8 a/b/x
-def test_abx_through_the_engine_gives_half_half():
-    """p(a)=p(b)=.5, x masked (the unconstrained target prefers x); q(a)=q(x)=.5 → a = b = 0.5."""
+@pytest.mark.parametrize("deferred", [False, True], ids=["host-ids", "deferred-ids"])
+def test_abx_through_the_engine_gives_half_half(deferred):
+    """p(a)=p(b)=.5, x masked (the unconstrained target prefers x); q(a)=q(x)=.5 → a = b = 0.5.
+    ``deferred``: the drafter's ids arrive through the draft-ready overlap path (device-side ids)."""
     table = torch.full((V, V), -4.0)
     table[S0, [A, B]] = 0.0
     table[S0, X] = 5.0
@@ -220,7 +252,10 @@ def test_abx_through_the_engine_gives_half_half():
     drafter = FixedQDrafter(lambda prev: (q_ids, q_probs))
     n = 2000
     reqs = [_req(i, 1, 3) for i in range(n)]
-    fins = _run(_engine(table, dfa, drafter, k=1), reqs)
+    eng = _engine(table, dfa, DeferredDrafter(drafter) if deferred else drafter, k=1)
+    eng.defer_drafts = deferred
+    fins = _run(eng, reqs)
+    assert eng.stats.spec_steps > 0 and eng.stats.deferred_spec_steps == (eng.stats.spec_steps if deferred else 0)
     assert all(f.error is None for f in fins)
     assert all(r.output_ids[0] == S0 for r in reqs)
     second = np.array([r.output_ids[1] for r in reqs])
@@ -316,8 +351,9 @@ def _greedy_world():
     return table, DFA(lambda s: np.ones(V, bool), lambda s, t: s + 1)
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["host-ids", "deferred-ids"])
 @pytest.mark.parametrize("constrained", [True, False], ids=["constrained", "unconstrained"])
-def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained):
+def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained, deferred):
     table, dfa = _greedy_world()
 
     def perfect(r):  # the true continuation, junk after EOS
@@ -328,8 +364,9 @@ def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained):
         return out + [0, 0, 0]
 
     eng = _engine(table, dfa, ListDrafter(perfect), k=3)
-    eng._drafters["early-exit-sampled"] = ListDrafter(perfect)
-    eng._drafters["ngram"] = ListDrafter(lambda r: [0, 0, 0])  # always wrong
+    eng._drafters["early-exit-sampled"] = DeferredDrafter(ListDrafter(perfect)) if deferred else ListDrafter(perfect)
+    eng._drafters["ngram"] = ListDrafter(lambda r: [0, 0, 0])  # always wrong (host ids: mixed steps)
+    eng.defer_drafts = deferred
     r_perfect = _req(0, 3, 32, constrained=constrained, temperature=0.0)
     r_wrong = _req(1, 3, 32, constrained=constrained, temperature=0.0, method="ngram")
     r_plain = _req(2, 0, 32, constrained=constrained, temperature=0.0, method="none")
@@ -342,3 +379,6 @@ def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained):
     assert (fins[0].draft_tokens, fins[0].accepted_draft_tokens) == (9, 7)
     assert (fins[1].draft_tokens, fins[1].accepted_draft_tokens) == (3 * 9, 0)  # one token per step
     assert (fins[2].draft_tokens, fins[2].accepted_draft_tokens) == (0, 0)
+    if deferred:  # the perfect drafter's 3 steps went through the device-ids path
+        assert eng._drafters["early-exit-sampled"].device_calls == 3 == eng.stats.deferred_spec_steps
+        assert len(eng.stats.per_step_draft_host_ms) == eng.stats.spec_steps
