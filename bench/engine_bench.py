@@ -89,7 +89,8 @@ def load_schemas(path: Path) -> list[str]:
 
 # ------------------------------------------------------------------ the stack
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
-                tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0):
+                tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
+                prefill_graphs: str = "on"):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started)."""
     import torch
 
@@ -112,7 +113,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
         from gpu_engine.cuda_program import CudaProgram
 
         program = CudaProgram(loaded.model, vocab.vocab_size, loaded.model.device, ring,
-                              use_graphs=cuda_graphs != "off", graph_context=graph_context)
+                              use_graphs=cuda_graphs != "off", graph_context=graph_context,
+                              prefill_graphs=prefill_graphs)
     else:
         from gpu_engine.program import Program
 
@@ -413,13 +415,19 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     max_lanes = max(args.batches)
     engine, loaded, capture_s = build_stack(model, args.device, max_lanes, args.max_seq_len, args.cuda_graphs,
                                             args.graph_context, tokenizer_from=args.model,
-                                            fill_threads=args.fill_threads, compile_timeout=args.compile_timeout)
+                                            fill_threads=args.fill_threads, compile_timeout=args.compile_timeout,
+                                            prefill_graphs=args.prefill_graphs)
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
+               prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
+                                      getattr(engine.program, "prefill_len_buckets", [])],
+               prefill_graph_capture_s=getattr(engine.program, "prefill_graph_capture_s", 0.0),
+               prefill_graph_pool_bytes=getattr(engine.program, "prefill_graph_pool_bytes", 0),
                runs=[], ttft_single={}, micro=[])
     print(f"== {label} ({'RANDOM weights' if random_weights else 'real weights'}), V={loaded.vocab.vocab_size}, "
-          f"graphs captured in {capture_s:.1f}s", flush=True)
+          f"graphs captured in {capture_s:.1f}s (prefill graphs {res['prefill_graph_buckets']}: "
+          f"{res['prefill_graph_capture_s']:.2f}s, +{res['prefill_graph_pool_bytes'] / 2**20:.0f} MiB)", flush=True)
     try:
         for variant in args.variants:
             work = Workload(engine, loaded, variant, schemas, args.max_tokens)
@@ -580,6 +588,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
     ap.add_argument("--graph-context", choices=["buckets", "full"], default="buckets")
+    ap.add_argument("--prefill-graphs", default="on",
+                    help='prefill CUDA graph buckets: "on" (rows 1,2,4,8 x lengths 32..512), "off" or "R,..xL,.."')
     ap.add_argument("--schemas", default=str(ROOT / "bench" / "schemas_sample.json"))
     ap.add_argument("--baseline", action="store_true", help="also run transformers + xgrammar (CUDA)")
     ap.add_argument("--out", default=None, help="results JSON (plots are written beside it)")
@@ -600,7 +610,8 @@ def main(argv=None) -> int:
                              warm_steps=args.warm_steps, prompt=PROMPT, gbnf=GBNF, regex=REGEX,
                              num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
                              fill_threads=args.fill_threads or _auto_fill_threads(),
-                             prefill="batched (right-padded, 4096-token budget per forward)",
+                             prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
+                             f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
                              graph_context=args.graph_context, eos="unconstrained rows ignore EOS; constrained "
                              "rows stop at grammar EOS and are replaced (closed loop)"),
                models=[])

@@ -305,7 +305,8 @@ class Fuzzer:
     ECMAScript semantics); anything else, or a token allowed by the mask but refused by the matcher, is a
     failure."""
 
-    def __init__(self, model_path, max_tokens, seed):
+    def __init__(self, model_path, max_tokens, seed, walk_seconds=30.0):
+        self.walk_seconds = walk_seconds
         import numpy as np
         from gpu_engine.model.vocab import load_vocabulary_from_gguf
         vocab = load_vocabulary_from_gguf(os.path.expanduser(model_path))
@@ -350,7 +351,12 @@ class Fuzzer:
             out = bytearray()
             res["walks"] += 1
             done = False
+            timed_out = False
+            tw = time.perf_counter()
             for step in range(self.max_tokens):
+                if time.perf_counter() - tw > self.walk_seconds:
+                    timed_out = True  # wall budget of one walk spent (slow masks): incomplete, not a pass
+                    break
                 bits = self._allowed(m)
                 if step >= half and any(bits[e] for e in self.eos):
                     tok = self.eos[0]
@@ -385,6 +391,7 @@ class Fuzzer:
                                                 "out": out.decode("utf-8", "replace")[:300]})
                         continue
                     res["incomplete"] += 1
+                    res["timed_out"] = res.get("timed_out", 0) + timed_out
                     continue
             res["completed"] += 1
             try:
@@ -428,6 +435,7 @@ def summarise(rows):
                 "fuzz_completed": sum(r.get("fuzz", {}).get("completed", 0) for r in rs),
                 "fuzz_failures": sum(r.get("fuzz", {}).get("failures", 0) for r in rs),
                 "fuzz_incomplete": sum(r.get("fuzz", {}).get("incomplete", 0) for r in rs),
+                "fuzz_timed_out": sum(r.get("fuzz", {}).get("timed_out", 0) for r in rs),
                 "fuzz_duplicate_keys": sum(r.get("fuzz", {}).get("duplicate_keys", 0) for r in rs),
                 "fuzz_oracle_unsupported": sum(r.get("fuzz", {}).get("oracle_unsupported", 0) for r in rs),
                 "fuzz_errors": sum(1 for r in rs if "error" in r.get("fuzz", {})),
@@ -476,7 +484,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--fuzz-walks", type=int, default=0, help="random walks per fuzzed schema")
     ap.add_argument("--fuzz-sample", type=int, default=None, help="fuzz only this many accepted schemas (seeded)")
-    ap.add_argument("--fuzz-max-tokens", type=int, default=192)
+    ap.add_argument("--fuzz-max-tokens", type=int, default=256)
+    ap.add_argument("--fuzz-walk-seconds", type=float, default=30.0,
+                    help="wall budget of one walk; a walk over it is counted as incomplete (timed_out)")
     ap.add_argument("--model", default="~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--rows", action="store_true", help="include per-schema rows in the JSON output")
     ap.add_argument("--unknown-keywords", choices=["reject", "annotate"], default="reject")
@@ -500,7 +510,7 @@ def main(argv=None):
         if (i + 1) % 500 == 0:
             print(f"... {i + 1}/{len(recs)} ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
     if args.fuzz_walks > 0 and ebnfs:
-        fz = Fuzzer(args.model, args.fuzz_max_tokens, args.seed)
+        fz = Fuzzer(args.model, args.fuzz_max_tokens, args.seed, args.fuzz_walk_seconds)
         idx = sorted(ebnfs)
         if args.fuzz_sample is not None and args.fuzz_sample < len(idx):
             idx = sorted(random.Random(args.seed + 1).sample(idx, args.fuzz_sample))

@@ -255,21 +255,18 @@ class Program:
             groups.append(cur)
             for g in groups:
                 T = g[-1][0]
-                ids = torch.zeros(len(g), T, dtype=torch.int64)
+                # ids | lane | start | logit index, packed: one (pinned, non-blocking) H2D copy
+                pk = torch.zeros(len(g), T + 3, dtype=torch.int64)
                 for b, (ln, j) in enumerate(g):
-                    ids[b, :ln] = torch.tensor(rows[j].prompt_ids[done[j]: done[j] + ln])
-                lanes = torch.tensor([rows[j].lane for _, j in g], dtype=torch.int64)
-                start = torch.tensor([done[j] for _, j in g], dtype=torch.int64)
+                    pk[b, :ln] = torch.tensor(rows[j].prompt_ids[done[j]: done[j] + ln])
+                    pk[b, T:] = torch.tensor([rows[j].lane, done[j], ln - 1])
                 ctx = self._prefill_ctx(max(done[j] for _, j in g) + T)
                 dev = self.device
+                d = to_device_async(pk, dev)
                 if all(ln == T for ln, _ in g):
-                    lg = self.model.forward(to_device_async(ids, dev), to_device_async(lanes, dev),
-                                            to_device_async(start, dev), max_context=ctx, last_only=True)
+                    lg = self.model.forward(d[:, :T], d[:, T], d[:, T + 1], max_context=ctx, last_only=True)
                 else:
-                    li = torch.tensor([ln - 1 for ln, _ in g], dtype=torch.int64)
-                    lg = self.model.forward(to_device_async(ids, dev), to_device_async(lanes, dev),
-                                            to_device_async(start, dev), max_context=ctx,
-                                            logit_index=to_device_async(li, dev))
+                    lg = self.model.forward(d[:, :T], d[:, T], d[:, T + 1], max_context=ctx, logit_index=d[:, T + 2])
                 for b, (ln, j) in enumerate(g):
                     done[j] += ln
                 last = [b for b, (_, j) in enumerate(g) if done[j] == len(rows[j].prompt_ids)]

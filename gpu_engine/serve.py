@@ -90,9 +90,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     from grpc_reflection.v1alpha import reflection
 
     from ninfer.telemetry import server_interceptors, setup_metrics, setup_tracing
-    from ninfer.v1 import generation_pb2, generation_pb2_grpc
+    from ninfer.v1 import generation_pb2
 
-    from .server import GenerationServicer
+    from .server import GenerationServicer, add_generation_servicer
 
     setup_tracing("ninfer-engine")
     if setup_metrics("ninfer-engine", args.metrics_port, args.host):
@@ -104,8 +104,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     engine.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 8 << 20)])
-    generation_pb2_grpc.add_GenerationServicer_to_server(
-        GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default), server)
+    add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection([

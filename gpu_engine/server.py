@@ -23,7 +23,7 @@ from ninfer.v1 import generation_pb2_grpc as pb_grpc
 
 from .engine import Engine
 from .errors import RequestError
-from .frontend import Frontend
+from .frontend import Frontend, validate_messages
 from .request import ConstraintRef, Delta, Finish, Request, SamplingOptions
 
 log = logging.getLogger("ninfer.server")
@@ -44,13 +44,24 @@ def _abort(context: grpc.ServicerContext, e: RequestError) -> None:
         e.code, pb.ErrorDetail(code=e.code.name, kind=e.kind, message=e.message, location=e.location)))
 
 
+def _has_unknown_fields(msg) -> bool:
+    try:
+        from google.protobuf import unknown_fields
+
+        return len(unknown_fields.UnknownFieldSet(msg)) > 0
+    except (ImportError, AttributeError):  # pragma: no cover - older protobuf
+        return bool(msg.UnknownFields())
+
+
 def _constraint_of(msg: pb.GenerateRequest) -> ConstraintRef | None:
     if not msg.HasField("constraint"):
         return None
     c = msg.constraint
     which = c.WhichOneof("kind")
-    if which is None:
-        return None
+    if which is None or _has_unknown_fields(c):
+        # A constraint this server cannot read must never be dropped silently.
+        raise RequestError("InvalidRequest", "the `constraint` field is set but holds no constraint kind this server "
+                           "knows (expected json_object, json_schema, grammar, regex or choice)")
     if which == "json_object":
         return ConstraintRef("json_object")
     if which == "choice":
@@ -98,7 +109,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             if not (math.isfinite(v) and -2.0 <= v <= 2.0):
                 raise RequestError("InvalidRequest", f"{name} must be in [-2, 2], got {v}")
         if s.HasField("seed"):
-            seed = s.seed & ((1 << 63) - 1)
+            seed = s.seed - (1 << 64) if s.seed >= (1 << 63) else s.seed  # uint64 -> int64, bijective
         else:
             seed = int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little") & ((1 << 63) - 1)
         return SamplingOptions(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -113,12 +124,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         prefix = b""
         if which == "chat":
             msgs = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
-            if not msgs:
-                raise RequestError("InvalidRequest", "chat has no messages")
-            for m in msgs:
-                if m["role"] not in ("system", "user", "assistant"):
-                    raise RequestError("InvalidRequest", f"unknown chat role {m['role']!r} "
-                                       "(expected system, user or assistant)")
+            validate_messages(msgs)
             if msg.chat.continue_final_message:
                 if msgs[-1]["role"] != "assistant":
                     raise RequestError("InvalidRequest", "continue_final_message needs a final assistant message, "
@@ -136,6 +142,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         max_tokens = msg.max_tokens or self.default_max_tokens
         sampling = self._sampling(msg, request_id)
         constraint = _constraint_of(msg)
+        if msg.speculative.method not in SPEC_METHODS and msg.speculative.method != pb.SPECULATIVE_METHOD_UNSPECIFIED:
+            raise RequestError("InvalidRequest", f"unknown speculative method {msg.speculative.method}")
         method = SPEC_METHODS.get(msg.speculative.method, self.engine.spec_method)
         k = msg.speculative.num_draft_tokens or self.engine.num_draft_tokens
         if method != "none" and k > self.engine.num_draft_tokens:
@@ -158,6 +166,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     # ----------------------------------------------------------------- RPCs
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+        if isinstance(request, _Undecodable):
+            _abort(context, RequestError("InvalidRequest", f"cannot decode the request: {request.reason}"))
+            return
         with _tracer.start_as_current_span("ninfer.generate") as span:
             span.set_attribute("gen_ai.request.max_tokens", int(request.max_tokens))
             try:
@@ -197,6 +208,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         return f
 
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
+        if isinstance(request, _Undecodable):
+            _abort(context, RequestError("InvalidRequest", f"cannot decode the request: {request.reason}"))
         which = request.WhichOneof("input")
         try:
             if which == "chat":
@@ -209,3 +222,35 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except RequestError as e:
             _abort(context, e)
         return pb.CountTokensResponse(num_tokens=len(ids), max_context_tokens=self.engine.program.max_seq_len)
+
+
+class _Undecodable:
+    """Stand-in for a request whose bytes are not a valid message (e.g. invalid UTF-8 in a string)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as e:  # noqa: BLE001 - answered as INVALID_ARGUMENT by the handler
+            return _Undecodable(str(e) or type(e).__name__)
+
+    return deserialize
+
+
+def add_generation_servicer(servicer: GenerationServicer, server: grpc.Server) -> None:
+    """Register ``servicer`` like the generated helper, but answer undecodable requests
+    (invalid UTF-8 in a string field, truncated bytes) with INVALID_ARGUMENT and an
+    ``ErrorDetail`` instead of gRPC's bare INTERNAL deserialization error."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate, request_deserializer=_lenient(pb.GenerateRequest.FromString),
+            response_serializer=pb.GenerateResponse.SerializeToString),
+        "CountTokens": grpc.unary_unary_rpc_method_handler(
+            servicer.CountTokens, request_deserializer=_lenient(pb.CountTokensRequest.FromString),
+            response_serializer=pb.CountTokensResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ninfer.v1.Generation", handlers),))

@@ -232,10 +232,16 @@ class Sidecar:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     k, m, loc = _detail_from_error(e)
                     raise RequestError(k, m, loc) from None
-                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt == 0:
-                    continue
-                raise RequestError("ConstraintServiceUnavailable", f"constraint sidecar error: {e.code().name}: "
-                                   f"{e.details()}", code=grpc.StatusCode.UNAVAILABLE) from None
+                if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    raise RequestError("InvalidRequest", f"request_id {request_id!r} is already in use by a "
+                                       "running request") from None
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    if attempt == 0:
+                        continue
+                    raise RequestError("ConstraintServiceUnavailable", f"constraint sidecar unavailable: "
+                                       f"{e.details()}", code=grpc.StatusCode.UNAVAILABLE) from None
+                raise RequestError("ConstraintServiceError", f"constraint sidecar failed: {e.code().name}: "
+                                   f"{e.details()}", code=grpc.StatusCode.INTERNAL) from None
             except SidecarUnavailable as e:
                 raise RequestError("ConstraintServiceUnavailable", str(e), code=grpc.StatusCode.UNAVAILABLE) from None
         raise AssertionError("unreachable")

@@ -99,6 +99,10 @@ class NInferTokenizer:
         self.backend = backend
         self.vocab = vocab
         self.add_bos = add_bos and vocab.bos_id >= 0
+        # A twin that encodes control-token spellings as plain text (user content must
+        # never become a control token). Separate instance: the flag is not per call.
+        self._plain = Tokenizer.from_str(backend.to_str())
+        self._plain.encode_special_tokens = True
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -182,13 +186,15 @@ class NInferTokenizer:
         return cls(backend, vocab, add_bos=bool(cfg.get("add_bos_token", False)))
 
     # ------------------------------------------------------------ encode/decode
-    def encode(self, text: str, add_special: bool = False) -> list[int]:
-        """Token ids of ``text``; special-token spellings in the text map to their ids.
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``.
 
         Args:
             add_special: prepend BOS when the model wants one (``add_bos``).
+            parse_special: map control-token spellings in the text (``<|im_end|>``) to their
+                ids; ``False`` encodes them as ordinary text (for user-supplied content).
         """
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        ids = (self.backend if parse_special else self._plain).encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos and (not ids or ids[0] != self.vocab.bos_id):
             ids = [self.vocab.bos_id] + ids
         return ids
