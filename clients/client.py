@@ -253,7 +253,9 @@ class GenerationStream(Iterator[GenerateEvent]):
             raise
         except grpc.RpcError as err:
             self._done = True
-            if self._cancelled:
+            # CANCELLED: this side cancelled the call — by cancel(), or by a Ctrl-C that
+            # gRPC's own wait loop caught and turned into a cancellation.
+            if self._cancelled or err.code() == grpc.StatusCode.CANCELLED:
                 self._finish_cancelled()
                 raise StopIteration from None
             raise exception_from_rpc_error(err) from None
