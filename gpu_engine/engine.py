@@ -234,6 +234,17 @@ class Engine:
         d = drafts.get(r.lane, [])
         return (d, draft_q[r.lane]) if r.lane in draft_q else d
 
+    def _group_by_method(self, rows: list[Request]) -> dict[str, tuple[list[Request], list[int]]]:
+        """Rows that get drafts this step, grouped by speculative method, with their budgets."""
+        groups: dict[str, tuple[list[Request], list[int]]] = {}
+        for r in rows:
+            k = self._draft_budget(r)
+            if k > 0:
+                rs, ks = groups.setdefault(r.spec_method, ([], []))
+                rs.append(r)
+                ks.append(k)
+        return groups
+
     def _drafts_for_rows(self, rows: list[Request]) -> tuple[dict[int, list[int]], dict]:
         """This step's drafts, one batched ``propose_batch`` call per speculative method.
 
@@ -242,23 +253,10 @@ class Engine:
             ``draft_q``: lane → ``(q_ids [k, S] int64, q_probs [k, S] float32)`` for
             drafters with a sparse q (rows absent here have a one-hot q).
         """
-        groups: dict[str, tuple[list[Request], list[int]]] = {}
-        for r in rows:
-            k = self._draft_budget(r)
-            if k > 0:
-                rs, ks = groups.setdefault(r.spec_method, ([], []))
-                rs.append(r)
-                ks.append(k)
         drafts: dict[int, list[int]] = {}
         draft_q: dict = {}
-        for method, (rs, ks) in groups.items():
-            for r, d in zip(rs, self._drafter(method).propose_batch(rs, ks)):
-                if isinstance(d, tuple):  # sampled drafter: (ids, (q_ids, q_probs))
-                    d, q = d
-                    if d:
-                        draft_q[r.lane] = q
-                if d:
-                    drafts[r.lane] = list(d)
+        for method, (rs, ks) in self._group_by_method(rows).items():
+            self._add_proposals(drafts, draft_q, rs, self._drafter(method).propose_batch(rs, ks))
         return drafts, draft_q
 
     def _propose_rows(self, rows: list[Request]) -> tuple[dict[int, list[int]], dict, list]:
@@ -268,17 +266,10 @@ class Engine:
         if not self.defer_drafts:
             drafts, draft_q = self._drafts_for_rows(rows)
             return drafts, draft_q, []
-        groups: dict[str, tuple[list[Request], list[int]]] = {}
-        for r in rows:
-            k = self._draft_budget(r)
-            if k > 0:
-                rs, ks = groups.setdefault(r.spec_method, ([], []))
-                rs.append(r)
-                ks.append(k)
         drafts: dict[int, list[int]] = {}
         draft_q: dict = {}
         deferred = []
-        for method, (rs, ks) in groups.items():
+        for method, (rs, ks) in self._group_by_method(rows).items():
             drafter = self._drafter(method)
             if hasattr(drafter, "propose_batch_device"):
                 deferred.append(drafter.propose_batch_device(rs, ks))
