@@ -62,6 +62,10 @@ FORBIDDEN_CONSTRUCTORS = {
 _IDENT_START = re.compile(r"[A-Za-z_]")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.]*")
 _NUL_ESCAPE = re.compile(r"\\(x0{2}|u0{4}|U0{8})")
+_SURROGATE_CHAR = re.compile("[\ud800-\udfff]")
+_CP_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8}))")
+_EXPR_BYTE_STRING, _EXPR_CHAR_CLASS, _EXPR_CHAR_CLASS_STAR, _EXPR_EMPTY = 0, 1, 2, 3
+_EXPR_RULE_REF, _EXPR_SEQUENCE, _EXPR_CHOICES, _EXPR_REPEAT = 4, 5, 6, 8
 
 
 @dataclass
@@ -78,11 +82,12 @@ class _Scan:
     calls: list
     nul_literals: list  # [(line, col)]
     raw_nul: list
+    bad_code_points: list  # [(line, col, code point)]: escapes to surrogates or > U+10FFFF
 
 
 def _scan(source: str) -> _Scan:
     """Lex ``source`` enough to locate macro calls and NUL literals."""
-    calls, nuls, raw_nul = [], [], []
+    calls, nuls, raw_nul, bad_cp = [], [], [], []
     i, n, line, col = 0, len(source), 1, 1
 
     def adv(k: int) -> None:
@@ -110,6 +115,11 @@ def _scan(source: str) -> _Scan:
                 if source[i] == "\\":
                     if c == '"' and _NUL_ESCAPE.match(source, i):
                         nuls.append(start)
+                    m = _CP_ESCAPE.match(source, i)
+                    if m:
+                        cp = int(m.group(1) or m.group(2), 16)
+                        if 0xD800 <= cp <= 0xDFFF or cp > 0x10FFFF:
+                            bad_cp.append((line, col, cp))
                     adv(2)
                 else:
                     adv(1)
@@ -136,7 +146,7 @@ def _scan(source: str) -> _Scan:
                     call.close = i
         else:
             adv(1)
-    return _Scan(calls, nuls, raw_nul)
+    return _Scan(calls, nuls, raw_nul, bad_cp)
 
 
 def _check_token_id(tid: int, vocab: Vocabulary) -> str:
@@ -172,6 +182,20 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
         line = source.count("\n", 0, nul) + 1
         col = nul - (source.rfind("\n", 0, nul) + 1) + 1
         raise ConstraintError("InvalidGrammar", "NUL character in grammar text", f"{line}:{col}")
+    m = _SURROGATE_CHAR.search(source)
+    if m:
+        k = m.start()
+        line = source.count("\n", 0, k) + 1
+        col = k - (source.rfind("\n", 0, k) + 1) + 1
+        raise ConstraintError("InvalidGrammar", "lone surrogate character in grammar text", f"{line}:{col}")
+    if scan.bad_code_points:
+        line, col, cp = scan.bad_code_points[0]
+        what = "a surrogate" if cp <= 0xFFFF else "beyond U+10FFFF"
+        raise ConstraintError(
+            "InvalidGrammar",
+            f"escape to U+{cp:04X} is not a Unicode scalar value ({what}); outputs must be valid UTF-8",
+            f"{line}:{col}",
+        )
     grammar = XGrammarBackend.parse_ebnf(source, kind="InvalidGrammar")
     data = json.loads(grammar.serialize_json())
     if data.get("__VERSION__") != _SERIAL_VERSION:  # pragma: no cover - pinned xgrammar
@@ -229,6 +253,20 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
         if why:
             raise ConstraintError("InvalidTokenReference", why, "")
 
+    if not _root_productive(data):
+        m = re.search(r"^[ \t]*(root)[ \t]*::=", source, re.M)
+        loc = ""
+        if m:
+            line = source.count("\n", 0, m.start(1)) + 1
+            col = m.start(1) - (source.rfind("\n", 0, m.start(1)) + 1) + 1
+            loc = f"{line}:{col}"
+        raise ConstraintError(
+            "InvalidGrammar",
+            "rule root derives no finite string (every alternative recurses forever); "
+            "the language is empty",
+            loc,
+        )
+
     if any(c.name == "ExcludeToken" for c in scan.calls) and vocab.eos_ids:
         grammar = _exclude_eos(source, scan, vocab)
 
@@ -262,3 +300,90 @@ def _exclude_eos(source: str, scan: _Scan, vocab: Vocabulary) -> "xgr.Grammar":
         if expr and expr[0] == _EXPR_EXCLUDE_TOKEN and not eos <= set(expr[2: 2 + expr[1]]):
             raise ConstraintError("InvalidGrammar", "ExcludeToken(...) form not understood", "")
     return grammar
+
+
+def _root_productive(data: dict) -> bool:
+    """Whether the root rule derives at least one finite string (productivity analysis).
+
+    Over xgrammar's serialised grammar: literals, classes, ``""``, tokens are
+    productive; a sequence iff all its elements are; a choice iff one
+    alternative is; a rule reference iff the rule is; ``{m,n}`` iff ``m == 0``
+    or its rule is (``*``/``?`` are lowered to classes-star / empty
+    alternatives, ``+`` to a recursive rule with a base case).  A worklist
+    fixpoint: rules are re-evaluated only when a rule they reference becomes
+    productive, so the cost stays near-linear in the grammar size.
+    """
+    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs_data)]
+    rules = data["rules"]
+    nrules = len(rules)
+    productive = [False] * nrules
+
+    def expr_of(k: int) -> list:
+        return exprs_data[bounds[k]: bounds[k + 1]]
+
+    def refs_of(k: int, out: set, seen: set) -> None:
+        stack = [k]
+        while stack:
+            e = stack.pop()
+            if e in seen:
+                continue
+            seen.add(e)
+            x = expr_of(e)
+            if not x:
+                continue
+            t = x[0]
+            if t == _EXPR_RULE_REF:
+                out.add(x[2])
+            elif t == _EXPR_REPEAT:
+                out.add(x[2])
+            elif t in (_EXPR_SEQUENCE, _EXPR_CHOICES):
+                stack.extend(x[2: 2 + x[1]])
+
+    def prod(k: int) -> bool:
+        # iterative post-order evaluation (no recursion limit on deep bodies)
+        memo: dict[int, bool] = {}
+        stack = [(k, False)]
+        while stack:
+            e, expanded = stack.pop()
+            if e in memo:
+                continue
+            x = expr_of(e)
+            t = x[0] if x else _EXPR_EMPTY
+            if t in (_EXPR_SEQUENCE, _EXPR_CHOICES):
+                kids = x[2: 2 + x[1]]
+                if not expanded:
+                    stack.append((e, True))
+                    stack.extend((c, False) for c in kids if c not in memo)
+                    continue
+                vals = [memo[c] for c in kids]
+                memo[e] = all(vals) if t == _EXPR_SEQUENCE else any(vals)
+            elif t == _EXPR_RULE_REF:
+                memo[e] = productive[x[2]]
+            elif t == _EXPR_REPEAT:
+                memo[e] = x[3] == 0 or productive[x[2]]
+            else:  # byte string, classes, empty, tokens (forbidden constructors rejected earlier)
+                memo[e] = True
+        return memo[k]
+
+    users: list[list[int]] = [[] for _ in range(nrules)]
+    for r, rule in enumerate(rules):
+        deps: set = set()
+        refs_of(rule[1], deps, set())
+        for d in deps:
+            if 0 <= d < nrules:
+                users[d].append(r)
+    work = list(range(nrules))
+    queued = [True] * nrules
+    while work:
+        r = work.pop()
+        queued[r] = False
+        if productive[r]:
+            continue
+        if prod(rules[r][1]):
+            productive[r] = True
+            for u in users[r]:
+                if not productive[u] and not queued[u]:
+                    queued[u] = True
+                    work.append(u)
+    return productive[data["root_rule_id"]]

@@ -37,6 +37,8 @@ from .vocab import Vocabulary
 log = logging.getLogger("ninfer.sidecar")
 _tracer = get_tracer("ninfer.constraint_service")
 
+_INVALID_KIND = {"grammar": "InvalidGrammar", "regex": "InvalidRegex", "choice": "InvalidChoice",
+                 "json_schema": "InvalidSchema", "json_object": "InvalidGrammar"}
 _CACHE = {"hit": pb.CACHE_STATUS_HIT, "built": pb.CACHE_STATUS_BUILT, "waited": pb.CACHE_STATUS_WAITED}
 
 
@@ -164,6 +166,11 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             except ConstraintError as e:
                 span.set_attribute("ninfer.constraint.error", e.kind)
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, e.kind, e.message, e.location)
+            except (RecursionError, MemoryError) as e:  # belt and braces: the compiler maps these
+                kind = _INVALID_KIND.get(c.kind, "InvalidGrammar")
+                span.set_attribute("ninfer.constraint.error", kind)
+                msg = ("nesting too deep" if isinstance(e, RecursionError) else "source too large to process")
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, kind, f"{msg} ({c.kind} constraint)")
             span.set_attribute("ninfer.constraint.cache", info.cache)
         with self._lock:
             if request.request_id in self._sessions:

@@ -166,8 +166,10 @@ def canonicalize(schema, value):
                 if json_equal(c, v):
                     return c
             return v
-        if isinstance(n, Integer) and isinstance(v, float) and v.is_integer():
-            return int(v)  # integers are generated as int64 literals: 1.0 is written 1
+        if isinstance(n, Integer) and isinstance(v, float) and v.is_integer() and not draft4:
+            # integers are generated as int64 literals: 1.0 is written 1 (draft-06 and later, where
+            # 1.0 is an integer; in draft-04 it is not, and stays 1.0, which `integer` refuses)
+            return int(v)
         if isinstance(v, dict) and isinstance(n, Object):
             d = dict(n.props)
             keys = [k for k, _ in n.props if k in v] + [k for k in v if k not in d]

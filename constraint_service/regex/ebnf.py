@@ -85,7 +85,7 @@ def charset_json(ranges) -> str:
 # then nested optionals): the same language again, used where masks are computed lazily (the fuzz
 # harness compiles with enable_dynamic_compilation); eager compilation of long expansions is costly.
 COPY_LIMIT = 32
-EXPAND_LIMIT = 1024
+EXPAND_LIMIT = 256  # nested optionals: xgrammar's parser allows ~1,000 nesting levels
 
 
 def repeat(x: str, lo: int, hi: int | None, expand: bool = False) -> str:

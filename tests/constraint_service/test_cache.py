@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from conftest import VOCAB, make_vocab
-from constraint_service.compiler import ConstraintCompiler, canonical_json
+from constraint_service.compiler import SMALL_SOURCE_BYTES, ConstraintCompiler, canonical_json
 from constraint_service.errors import ConstraintError
 from constraint_service.session import OutputSession
 from constraint_service.types import ConstraintSpec
@@ -171,34 +172,76 @@ def test_timeout_moves_slot_to_abandoned_pool():
         c.compile(G(slow1))
     assert ei.value.kind == "CompileTimeout"
     assert c.compiles_running == (0, 1)
+    tid = c._inflight[c.cache_key(G(slow1))].native_id  # abandoned: lowest CPU priority
+    if os.path.exists(f"/proc/self/task/{tid}/stat"):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[16]) == 19  # field 19: nice
     # the one normal slot is free again: a new cold compile is not blocked
     t0 = time.perf_counter()
     assert c.compile(G('root ::= "fast"'))[1].cache == "built"
     assert time.perf_counter() - t0 < 0.5
-    # a repeated pathological request fails fast
-    t0 = time.perf_counter()
-    with pytest.raises(ConstraintError):
+    # the same request again waits for the abandoned build (own deadline), no duplicate compile
+    with pytest.raises(ConstraintError) as ei:
         c.compile(G(slow1))
-    assert time.perf_counter() - t0 < 0.1
-    # abandoned pool full: the next timed-out build keeps its slot until it ends
+    assert ei.value.kind == "CompileTimeout"
+    assert c.calls.count(slow1) == 1
+    # abandoned pool full: the next timed-out build still gives its slot back ...
     with pytest.raises(ConstraintError):
         c.compile(G(slow2))
-    assert c.compiles_running == (1, 1)
-    ts, out = run_threads(lambda i: c.compile(G('root ::= "queued"')), 1)
-    time.sleep(0.2)
-    assert out[0] is None  # waiting for the slot
+    assert c.compiles_running == (0, 2)
+    # ... so small compiles are not starved (they used to wait for an abandoned build to end)
+    t0 = time.perf_counter()
+    assert c.compile(G('root ::= "queued"'))[1].cache == "built"
+    assert time.perf_counter() - t0 < 0.5
+    # a large source waits for the pool to drain, but only until its deadline
+    big = 'root ::= "' + "x" * (SMALL_SOURCE_BYTES + 10) + '"'
+    t0 = time.perf_counter()
+    with pytest.raises(ConstraintError) as ei:
+        c.compile(G(big))
+    assert ei.value.kind == "CompileTimeout" and time.perf_counter() - t0 < 1.0
+    assert big not in c.calls
     g2.set()
-    ts[0].join(5)
-    assert out[0][1].cache == "built"
     g1.set()
     deadline = time.time() + 5
     while c.compiles_running != (0, 0) and time.time() < deadline:
         time.sleep(0.01)
     assert c.compiles_running == (0, 0)
-    # the late results were discarded (not cached); the failure is remembered
-    assert c.cache_key(G(slow1)) not in c._entries
-    with pytest.raises(ConstraintError):
-        c.compile(G(slow1))
+    time.sleep(0.05)
+    # the late results were cached; timeouts were not remembered as failures
+    assert c.compile(G(slow1))[1].cache == "hit"
+    assert c.compile(G(slow2))[1].cache == "hit"
+    assert c.compile(G(big))[1].cache == "built"
+
+
+def test_compile_timeout_is_not_remembered():
+    """A timeout caused by load must not make the key fail forever (QA: `[a-z ]{1,400}`)."""
+    c = GatedCompiler(VOCAB, max_cold_compiles=1, compile_timeout_s=0.2)
+    c._acquire_slot()  # the server is busy: the only slot is taken
+    out = {}
+
+    def first():
+        try:
+            c.compile(G('root ::= "b"'))
+        except ConstraintError as exc:
+            out["err"] = exc
+
+    t = threading.Thread(target=first, daemon=True)
+    t.start()
+    t.join(3)
+    assert out["err"].kind == "CompileTimeout"
+    with c._slot_cv:  # load goes away
+        c._running -= 1
+        c._slot_cv.notify_all()
+    assert c.compile(G('root ::= "b"'))[1].cache == "built"
+
+
+def test_deterministic_failures_still_remembered():
+    c = GatedCompiler(VOCAB)
+    for _ in range(2):
+        with pytest.raises(ConstraintError) as ei:
+            c.compile(G('root ::= "a" root'))
+        assert ei.value.kind == "InvalidGrammar"
+    assert c.calls.count('root ::= "a" root') == 1
 
 
 def _big_vocab() -> Vocabulary:
@@ -239,5 +282,32 @@ def test_real_pathological_compile_times_out_while_others_proceed():
     assert result["err"].kind == "CompileTimeout"
     assert others < result["t"]
     deadline = time.time() + 20  # let the abandoned compile finish before other tests
+    while c.compiles_running != (0, 0) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def test_timed_out_big_compiles_do_not_starve_small_ones():
+    """QA repro (bug 1) on a real xgrammar compile: after the abandoned pool filled with
+    pathological builds, a tiny choice waited ~140 s for one of them to end."""
+    c = ConstraintCompiler(_big_vocab(), max_cold_compiles=1, max_abandoned_compiles=1, compile_timeout_s=0.4)
+    c.compile(G('root ::= "warm"'))
+    n = 12000  # ~4.5 s of compile on one core
+
+    def patho(tag):
+        rules = ["root ::= r0"] + [
+            f'r{i} ::= [a-{chr(ord("c") + i % 20)}0-{i % 9}]* "{tag}{chr(97 + i % 26)}" r{i + 1}' for i in range(n)
+        ] + [f'r{n} ::= ""']
+        return G("\n".join(rules))
+
+    for tag in ("p", "q"):
+        with pytest.raises(ConstraintError) as ei:
+            c.compile(patho(tag))
+        assert ei.value.kind == "CompileTimeout"
+    t0 = time.perf_counter()
+    _, info = c.compile(ConstraintSpec("choice", choices=("yes", "no")))
+    assert info.cache == "built"
+    assert time.perf_counter() - t0 < 0.5  # before the fix: until an abandoned compile ended
+    assert c.compile(G('root ::= "warm"'))[1].cache == "hit"
+    deadline = time.time() + 60  # let the abandoned compile finish before other tests
     while c.compiles_running != (0, 0) and time.time() < deadline:
         time.sleep(0.05)

@@ -255,5 +255,7 @@ def test_canonical_generation_form_of_instances():
     assert list(canonicalize({"const": {"foo": 1, "baz": 2}}, {"baz": 2, "foo": 1})) == ["foo", "baz"]
     assert json.dumps(canonicalize({"enum": [[0]]}, [0.0])) == "[0]"
     assert list(canonicalize({"type": "object", "properties": {"b": {}, "a": {}}}, {"a": 1, "z": 0, "b": 2})) == ["b", "a", "z"]
+    d4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}
+    assert isinstance(canonicalize(d4, 1.0), float)  # draft-04: 1.0 is not an integer
     acc = lang({"type": "integer"})
     assert acc("1") and not acc("1.0")

@@ -161,9 +161,19 @@ def test_empty_preview_commit(compiler):
 
 
 def test_initial_dead_end(compiler):
+    # The compiler now rejects empty languages ("rule root derives no finite string"); the
+    # session must still report a dead end if handed such a grammar, so build it directly.
+    from constraint_service.backend import XGrammarBackend
+    from constraint_service.session import OutputSession
+
+    grammar = XGrammarBackend.parse_ebnf("root ::= r\nr ::= r")
+    compiled = compiler.backend.compile(grammar, kind="grammar", key=("test", "dead-end"))
+    with pytest.raises(ConstraintError) as ei:
+        OutputSession(compiled)
+    assert ei.value.kind == "ConstraintDeadEnd"
     with pytest.raises(ConstraintError) as ei:
         make_session(compiler, "grammar", "root ::= r\nr ::= r")
-    assert ei.value.kind == "ConstraintDeadEnd"
+    assert ei.value.kind == "InvalidGrammar" and "derives no finite string" in ei.value.message
 
 
 def test_prefix_bytewise_and_straddling(compiler):
