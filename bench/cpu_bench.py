@@ -56,7 +56,7 @@ def _start(port: int, lanes: int) -> subprocess.Popen:
 
     def pump() -> None:
         for line in p.stdout:  # type: ignore[union-attr]
-            if "ready" in line:
+            if "ninfer ready on" in line:
                 ready.set()
 
     threading.Thread(target=pump, daemon=True).start()

@@ -52,7 +52,7 @@ class Stack:
             assert self.proc is not None and self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.lines.append(line.rstrip())
-                if "ready" in line:
+                if "ninfer ready on" in line:
                     ready.set()
 
         threading.Thread(target=pump, daemon=True).start()
