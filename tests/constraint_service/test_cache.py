@@ -124,9 +124,13 @@ def test_cold_compile_limit_and_hits_take_no_slot():
     ts, out = run_threads(lambda i: c.compile(G(srcs[i])), 4)
     time.sleep(0.3)
     assert c.max_running == 2 and c.compiles_running == (2, 0)
-    t0 = time.perf_counter()
-    _, info = c.compile(G('root ::= "hot"'))
-    assert info.cache == "hit" and time.perf_counter() - t0 < 0.05
+    # a hit takes no compile slot: it completes while both slots stay held by gated builds
+    hit = []
+    t = threading.Thread(target=lambda: hit.append(c.compile(G('root ::= "hot"'))[1].cache))
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and hit == ["hit"]
+    assert c.compiles_running == (2, 0)
     for g in gates.values():
         g.set()
     for t in ts:
@@ -164,7 +168,7 @@ def test_failures_are_reported_to_every_request():
 
 
 def test_timeout_moves_slot_to_abandoned_pool():
-    c = GatedCompiler(VOCAB, max_cold_compiles=1, max_abandoned_compiles=1, compile_timeout_s=0.2)
+    c = GatedCompiler(VOCAB, max_cold_compiles=1, max_abandoned_compiles=1, compile_timeout_s=2.0)
     slow1, slow2 = 'root ::= "slow1"', 'root ::= "slow2"'
     g1 = c.gates[slow1] = threading.Event()
     g2 = c.gates[slow2] = threading.Event()
@@ -176,10 +180,9 @@ def test_timeout_moves_slot_to_abandoned_pool():
     if os.path.exists(f"/proc/self/task/{tid}/stat"):
         with open(f"/proc/self/task/{tid}/stat") as f:
             assert int(f.read().rsplit(")", 1)[1].split()[16]) == 19  # field 19: nice
-    # the one normal slot is free again: a new cold compile is not blocked
-    t0 = time.perf_counter()
+    # the one normal slot is free again: a new cold compile is not blocked (a blocked one would
+    # wait for the slot until its own deadline and fail with CompileTimeout)
     assert c.compile(G('root ::= "fast"'))[1].cache == "built"
-    assert time.perf_counter() - t0 < 0.5
     # the same request again waits for the abandoned build (own deadline), no duplicate compile
     with pytest.raises(ConstraintError) as ei:
         c.compile(G(slow1))
@@ -190,15 +193,12 @@ def test_timeout_moves_slot_to_abandoned_pool():
         c.compile(G(slow2))
     assert c.compiles_running == (0, 2)
     # ... so small compiles are not starved (they used to wait for an abandoned build to end)
-    t0 = time.perf_counter()
     assert c.compile(G('root ::= "queued"'))[1].cache == "built"
-    assert time.perf_counter() - t0 < 0.5
     # a large source waits for the pool to drain, but only until its deadline
     big = 'root ::= "' + "x" * (SMALL_SOURCE_BYTES + 10) + '"'
-    t0 = time.perf_counter()
     with pytest.raises(ConstraintError) as ei:
         c.compile(G(big))
-    assert ei.value.kind == "CompileTimeout" and time.perf_counter() - t0 < 1.0
+    assert ei.value.kind == "CompileTimeout"
     assert big not in c.calls
     g2.set()
     g1.set()
@@ -289,7 +289,7 @@ def test_real_pathological_compile_times_out_while_others_proceed():
 def test_timed_out_big_compiles_do_not_starve_small_ones():
     """QA repro (bug 1) on a real xgrammar compile: after the abandoned pool filled with
     pathological builds, a tiny choice waited ~140 s for one of them to end."""
-    c = ConstraintCompiler(_big_vocab(), max_cold_compiles=1, max_abandoned_compiles=1, compile_timeout_s=0.4)
+    c = ConstraintCompiler(_big_vocab(), max_cold_compiles=1, max_abandoned_compiles=1, compile_timeout_s=1.0)
     c.compile(G('root ::= "warm"'))
     n = 12000  # ~4.5 s of compile on one core
 
@@ -303,10 +303,9 @@ def test_timed_out_big_compiles_do_not_starve_small_ones():
         with pytest.raises(ConstraintError) as ei:
             c.compile(patho(tag))
         assert ei.value.kind == "CompileTimeout"
-    t0 = time.perf_counter()
+    # before the fix this waited for an abandoned compile to end and failed with CompileTimeout
     _, info = c.compile(ConstraintSpec("choice", choices=("yes", "no")))
     assert info.cache == "built"
-    assert time.perf_counter() - t0 < 0.5  # before the fix: until an abandoned compile ended
     assert c.compile(G('root ::= "warm"'))[1].cache == "hit"
     deadline = time.time() + 60  # let the abandoned compile finish before other tests
     while c.compiles_running != (0, 0) and time.time() < deadline:
