@@ -7,19 +7,7 @@ from hypothesis import given, settings, strategies as st
 from gpu_engine.bitmask import apply_bitmask_, bitmask_words, pack_bitmask, unpack_bitmask, words_from_numpy
 
 
-def _load_oracle():
-    """``oracle.py`` beside this file, under a name no other test dir can shadow."""
-    import importlib.util, sys
-    from pathlib import Path
-    name = "ninfer_tests_gpu_engine_oracle"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("oracle.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-oracle = _load_oracle()
+import ninfer_tests_gpu_engine_oracle as oracle  # loaded by conftest.py
 
 
 @pytest.mark.parametrize("vocab_size", [1, 31, 32, 33, 37, 70, 1000], ids=lambda v: f"V{v}")

@@ -30,16 +30,7 @@ from shared_memory.ring import MaskRing
 pytestmark = pytest.mark.gpu
 
 
-def _load_oracle():
-    name = "ninfer_tests_gpu_engine_oracle"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("oracle.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-oracle = _load_oracle()
+import ninfer_tests_gpu_engine_oracle as oracle  # loaded by conftest.py
 CONFIGS = [
     ("plain", dict()),
     ("temp0.7", dict(temperature=0.7)),

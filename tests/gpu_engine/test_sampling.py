@@ -11,19 +11,7 @@ from gpu_engine.sampling import (
 )
 
 
-def _load_oracle():
-    """``oracle.py`` beside this file, under a name no other test dir can shadow."""
-    import importlib.util, sys
-    from pathlib import Path
-    name = "ninfer_tests_gpu_engine_oracle"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("oracle.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-oracle = _load_oracle()
+import ninfer_tests_gpu_engine_oracle as oracle  # loaded by conftest.py
 
 # (name, params) — every row of a batch gets its own random logits and mask.
 CONFIGS = [

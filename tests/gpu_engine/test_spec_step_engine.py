@@ -29,20 +29,8 @@ from shared_memory.layout import STATUS_DEAD_END, STATUS_READY, STATUS_UNREACHAB
 from shared_memory.ring import MaskRing
 
 
-def _oracle():
-    import importlib.util
-    import sys
-    from pathlib import Path
+import ninfer_tests_gpu_engine_oracle as oracle  # noqa: E402  (loaded by conftest.py)
 
-    name = "ninfer_tests_gpu_engine_oracle"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("oracle.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-oracle = _oracle()
 V = 37
 EOS = 36
 PROMPT = [30, 31]
