@@ -138,16 +138,9 @@ def test_early_exit_kv_writes_never_change_the_verify_pass(model):
 
 
 def _oracle():
-    import importlib.util
-    import sys
-    from pathlib import Path
+    import ninfer_tests_gpu_engine_oracle  # loaded by conftest.py
 
-    name = "ninfer_tests_gpu_engine_oracle"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("oracle.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+    return ninfer_tests_gpu_engine_oracle
 
 
 def test_early_exit_sampled_q_matches_drafter_and_draws_follow_q(model):
