@@ -234,6 +234,14 @@ class GenerationStream(Iterator[GenerateEvent]):
             request_id=self.request_id,
         )
 
+    def _locally_cancelled(self) -> bool:
+        """The call ended CANCELLED: cancelled on this side (e.g. gRPC's wait loop turned a
+        Ctrl-C into a cancellation before we saw the KeyboardInterrupt)."""
+        try:
+            return self._call.code() == grpc.StatusCode.CANCELLED
+        except Exception:  # noqa: BLE001 - a call object without a status
+            return False
+
     def __iter__(self) -> "GenerationStream":
         return self
 
@@ -244,7 +252,7 @@ class GenerationStream(Iterator[GenerateEvent]):
             resp = next(self._call)
         except StopIteration:
             self._done = True
-            if self._cancelled:
+            if self._cancelled or self._locally_cancelled():
                 self._finish_cancelled()
                 raise
             if self.result is None:
