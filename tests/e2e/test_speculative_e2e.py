@@ -69,17 +69,11 @@ def spec_stack():
 
 
 def _message(prompt, constraint, max_tokens, method):
-    from ninfer.v1 import generation_pb2 as pb
+    """A greedy chat request built by the public client library."""
+    from clients.client import NInferClient
 
-    m = pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content=prompt)]),
-                           max_tokens=max_tokens)
-    m.sampling.temperature = 0.0
-    for key, value in constraint.items():
-        setattr(m.constraint, key, value)
-    m.speculative.method = {"none": pb.SPECULATIVE_METHOD_NONE, "ngram": pb.SPECULATIVE_METHOD_NGRAM,
-                            "early-exit": pb.SPECULATIVE_METHOD_EARLY_EXIT,
-                            "early-exit-sampled": pb.SPECULATIVE_METHOD_EARLY_EXIT_SAMPLED}[method]
-    return m
+    return NInferClient.build_request(messages=[{"role": "user", "content": prompt}], constraint=constraint,
+                                      max_tokens=max_tokens, temperature=0.0, speculative=method)
 
 
 def _collect(req):
