@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import sys
 import threading
 import types
@@ -168,7 +169,17 @@ def test_no_command_exit_2(capsys):
     assert run([])[0] == 2
 
 
-def test_cancel_with_ctrl_c(fake_server):
+@pytest.fixture()
+def sigint_raises():
+    """Ctrl-C must raise KeyboardInterrupt in this test even where the runner was started with
+    SIGINT ignored (background jobs of a non-interactive shell, as in CI): there
+    ``_thread.interrupt_main`` would do nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_cancel_with_ctrl_c(fake_server, sigint_raises):
     """A KeyboardInterrupt while streaming cancels the RPC: finish_reason
     "cancelled", exit 1, and the server sees the cancellation."""
     import _thread
@@ -193,7 +204,7 @@ def test_cancel_with_ctrl_c(fake_server):
     assert fake_server.servicer.cancelled.wait(5)
 
 
-def test_cancel_json_mode(fake_server):
+def test_cancel_json_mode(fake_server, sigint_raises):
     import _thread
 
     fake_server.servicer.cancelled.clear()
