@@ -126,15 +126,10 @@ class NgramDrafter(Drafter):
 
 # ------------------------------------------------------------ device-side drafts
 def _h2d(values, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
-    """A host list as a ``dev`` tensor without a stream sync: pinned + ``non_blocking`` on CUDA.
+    """A host list as a ``dev`` tensor without a stream sync (see :func:`~gpu_engine.program.to_device_async`)."""
+    from .program import to_device_async
 
-    (``torch.tensor(..., device="cuda")`` copies from pageable memory and synchronises the
-    stream, which would make the host wait for the drafting work queued before it.)
-    """
-    t = torch.tensor(values, dtype=dtype)
-    if dev.type != "cuda":
-        return t
-    return t.pin_memory().to(dev, non_blocking=True)
+    return to_device_async(torch.tensor(values, dtype=dtype), dev)
 
 
 class DeviceDrafts:

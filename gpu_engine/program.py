@@ -139,12 +139,6 @@ class Program:
             out[torch.tensor(dec_idx, device=self.device)] = logits.float()
         return out
 
-    def _h2d(self, t: torch.Tensor) -> torch.Tensor:
-        """Host tensor → device without a stream sync (pinned + ``non_blocking`` on CUDA)."""
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
-
     @torch.inference_mode()
     def forward_rows_deferred(self, rows: list[Request], drafts: dict[int, list[int]], deferred: list) -> torch.Tensor:
         """:meth:`forward_rows` where some rows' drafts are still on the device (draft-ready overlap).
@@ -191,7 +185,7 @@ class Program:
                 ids[j, : len(seq)] = torch.tensor(seq)
             lanes = torch.tensor([r.lane for r in grp], dtype=torch.int64)
             start = torch.tensor([r.num_cached for r in grp], dtype=torch.int64)
-            ids_d = self._h2d(ids)
+            ids_d = to_device_async(ids, self.device)
             for dd in deferred:  # scatter device-side drafts into columns 1 .. k
                 pairs = [(j, dmap[r.lane][1]) for j, r in enumerate(grp) if r.lane in dmap and dmap[r.lane][0] is dd]
                 if not pairs:
@@ -199,13 +193,13 @@ class Program:
                 kk = min(dd.ids.shape[1], t - 1)
                 src_rows = [b for _, b in pairs]
                 src = dd.ids if src_rows == list(range(dd.ids.shape[0])) else \
-                    dd.ids.index_select(0, self._h2d(torch.tensor(src_rows, dtype=torch.int64)))
-                dst = self._h2d(torch.tensor([a for a, _ in pairs], dtype=torch.int64))
+                    dd.ids.index_select(0, to_device_async(torch.tensor(src_rows, dtype=torch.int64), self.device))
+                dst = to_device_async(torch.tensor([a for a, _ in pairs], dtype=torch.int64), self.device)
                 cols = torch.zeros(len(grp), t, dtype=torch.int64, device=dev)
                 cols[:, 1: 1 + kk].index_copy_(0, dst, src[:, :kk].clamp_min(0))  # -1 padding -> token 0 (ignored)
                 ids_d = ids_d + cols  # host zeros in those columns
             ctx = self._bucket(max(r.num_cached for r in grp) + t)
-            lg = self.model.forward(ids_d, self._h2d(lanes), self._h2d(start), max_context=ctx)
+            lg = self.model.forward(ids_d, to_device_async(lanes, self.device), to_device_async(start, self.device), max_context=ctx)
             parts.append((idx, lg.float()))
         if not pre_idx and len(parts) == 1 and parts[0][0] == list(range(len(rows))):
             return parts[0][1]  # the common case: all rows decode in one forward, in order
@@ -214,7 +208,7 @@ class Program:
             out[torch.tensor(pre_idx, device=dev), 0] = self._prefill_rows([rows[i] for i in pre_idx])
         for idx, lg in parts:
             if lg.shape[1] == T:
-                out.index_copy_(0, self._h2d(torch.tensor(idx, dtype=torch.int64)), lg)
+                out.index_copy_(0, to_device_async(torch.tensor(idx, dtype=torch.int64), self.device), lg)
             else:  # a tight row alone: columns past its drafts stay 0 (finite placeholders)
                 out[idx[0], : lg.shape[1]].copy_(lg[0])
         return out
