@@ -82,21 +82,13 @@ STEP_SWITCH_INTERVAL_S = 0.0005
 
 
 def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
-    """(kind, message, location) from a sidecar error's status details."""
-    try:
-        from grpc_status import rpc_status
+    """(kind, message, location) from a sidecar error's ``ErrorDetail`` (plain status text if none)."""
+    from clients.errors import error_detail_from_rpc_error
 
-        from ninfer.v1 import generation_pb2 as gen_pb
-
-        st = rpc_status.from_call(err)
-        if st is not None:
-            for d in st.details:
-                det = gen_pb.ErrorDetail()
-                if d.Unpack(det):
-                    return det.kind, det.message, det.location
-    except Exception:  # noqa: BLE001 - fall back to the plain status text
-        pass
-    return "ConstraintError", err.details() or str(err), ""
+    det = error_detail_from_rpc_error(err)
+    if det is None:
+        return "ConstraintError", err.details() or str(err), ""
+    return det.kind, det.message, det.location
 
 
 class SidecarUnavailable(Exception):
