@@ -6,6 +6,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proto proto
 COPY ninfer ninfer
+COPY ninfer_common ninfer_common
+COPY ninfer_cli ninfer_cli
 COPY shared_memory shared_memory
 COPY constraint_service constraint_service
 COPY gpu_engine gpu_engine

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.telemetry import get_tracer
+from ninfer_common.telemetry import get_tracer
 from shared_memory.layout import STATUS_DEAD_END, RingGeometry, bitmask_words
 from shared_memory.ring import MaskRing
 

@@ -89,7 +89,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from ninfer.telemetry import server_interceptors, setup_metrics, setup_tracing
+    from ninfer_common.telemetry import server_interceptors, setup_metrics, setup_tracing
     from ninfer.v1 import generation_pb2
 
     from .server import GenerationServicer, add_generation_servicer

@@ -16,8 +16,8 @@ from typing import Iterator
 
 import grpc
 
-from clients.errors import make_rpc_status
-from ninfer.telemetry import get_tracer
+from ninfer_common.grpc_status import make_rpc_status
+from ninfer_common.telemetry import get_tracer
 from ninfer.v1 import generation_pb2 as pb
 from ninfer.v1 import generation_pb2_grpc as pb_grpc
 
