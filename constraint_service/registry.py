@@ -10,8 +10,8 @@ Seed 000 §正文约束 (the five kinds), §编译与缓存 (canonical forms, si
   re-serialised compactly -- never sorted); choice lists are de-duplicated and
   sorted.
 * ``to_grammar`` -- the converter: canonical value -> the backend's grammar
-  (through :class:`~constraint_service.backend.base.Backend` only; the kind's
-  own module emits EBNF text, ``grammar`` uses the backend's GBNF parser).
+  (the kind's own module emits EBNF text that :meth:`Backend.parse_ebnf`
+  parses; ``grammar`` goes through ``gbnf.parse_gbnf``).
 * ``error_kind`` -- the :class:`~ninfer_common.errors.ErrorKind` of a malformed
   source of this kind (oversized, unparsable, rejected by the backend, or an
   unexpected exception while converting it).
@@ -234,7 +234,15 @@ def _json_schema_grammar(backend: Backend, schema_text: str) -> Grammar:
 
 
 def _gbnf_grammar(backend: Backend, source: str) -> Grammar:
-    return backend.parse_gbnf(source)
+    """A user's GBNF (``constraint_service.gbnf``; its checks walk xgrammar's parsed grammar,
+    so a second backend would bring its own GBNF parse here).
+
+    Raises:
+        ConstraintError: ``InvalidGrammar`` / ``InvalidTokenReference`` with ``line:col``.
+    """
+    from .gbnf import parse_gbnf
+
+    return parse_gbnf(source, backend.vocab)
 
 
 def _regex_grammar(backend: Backend, regex: str) -> Grammar:

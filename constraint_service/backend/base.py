@@ -4,7 +4,7 @@ STYLE "A narrow interface, one class per backend"; the same split as vLLM's
 ``StructuredOutputBackend`` / ``StructuredOutputGrammar`` and SGLang's
 ``BaseGrammarBackend`` / ``BaseGrammarObject``:
 
-* a :class:`Backend` is bound to one vocabulary; it parses grammar text into
+* a :class:`Backend` is bound to one vocabulary; it parses EBNF text into
   its own opaque grammar object, compiles that into a :class:`CompiledConstraint`
   (immutable, shared by every request with the same cache key), makes fresh
   matchers and fills many matchers' bitmasks at once;
@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from ninfer_common.constraint_kind import ConstraintKind
+
+from ..vocab import Vocabulary
 
 __all__ = ["Backend", "CompiledConstraint", "Grammar", "Matcher"]
 
@@ -80,8 +82,10 @@ class Backend(Protocol):
         tail_mask: AND-mask (uint32) for the last word of a row that clears bits >= V;
             ``None`` when ``V % 32 == 0``.
         eos_ids: the vocabulary's EOS token ids.
+        vocab: the :class:`~constraint_service.vocab.Vocabulary` it is bound to.
     """
 
+    vocab: Vocabulary
     vocab_size: int
     num_words: int
     tail_mask: Optional[np.uint32]
@@ -92,14 +96,6 @@ class Backend(Protocol):
 
         Raises:
             ConstraintError: ``kind`` with ``"line:col"`` (character columns) for syntax errors.
-        """
-        ...
-
-    def parse_gbnf(self, source: str) -> Grammar:
-        """Parse a user's ``grammar`` constraint (GBNF, ``constraint_service/gbnf.py``).
-
-        Raises:
-            ConstraintError: ``InvalidGrammar`` / ``InvalidTokenReference`` with ``"line:col"``.
         """
         ...
 

@@ -1,7 +1,7 @@
 """The xgrammar backend: the one implementation of ``backend.base``'s Protocols.
 
 STYLE "A narrow interface, one class per backend": :class:`XGrammarBackend`
-(:class:`~constraint_service.backend.base.Backend`: vocabulary index, EBNF/GBNF
+(:class:`~constraint_service.backend.base.Backend`: vocabulary index, EBNF
 parsing, compile, new matcher, batch mask fill) and :class:`XGrammarMatcher`
 (:class:`~constraint_service.backend.base.Matcher`: ``accept_token``,
 ``accept_bytes``, ``rollback``, ``fill_bitmask``, ``is_terminated``,
@@ -198,16 +198,6 @@ class XGrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError
             raise translate_xgrammar_error(exc, source, kind) from None
 
-    def parse_gbnf(self, source: str) -> "xgr.Grammar":
-        """Parse a ``grammar`` constraint with ``constraint_service.gbnf.parse_gbnf`` (this vocabulary).
-
-        Raises:
-            ConstraintError: ``InvalidGrammar`` / ``InvalidTokenReference`` with ``"line:col"``.
-        """
-        from ..gbnf import parse_gbnf
-
-        return parse_gbnf(source, self.vocab)
-
     def compile(self, grammar: "xgr.Grammar", *, kind: ConstraintKind | str, key: tuple,
                 error_kind: str = "InvalidGrammar") -> CompiledConstraint:
         """Compile a parsed grammar against this vocabulary (single-threaded, GIL released).
@@ -216,7 +206,7 @@ class XGrammarBackend:
         (:func:`exclude_surrogates`).
 
         Args:
-            grammar: from :meth:`parse_ebnf` / :meth:`parse_gbnf`.
+            grammar: from :meth:`parse_ebnf` (or ``gbnf.parse_gbnf``).
             kind: the constraint kind (kept on the result).
             key: the cache key (kept on the result).
             error_kind: the ``ConstraintError`` kind of a rejected grammar (the
