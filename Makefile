@@ -22,7 +22,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.model: $(VENV)/.installed
-	$(BIN)/python -m gpu_engine.model.fetch
+	$(BIN)/python -m gpu_engine.hub.fetch
 	touch $@
 
 setup: $(VENV)/.model

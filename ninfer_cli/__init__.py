@@ -26,7 +26,7 @@ class ServerCommand:
 
 #: Subcommands that start a server, by name.
 SERVER_COMMANDS: dict[str, ServerCommand] = {
-    "serve": ServerCommand("gpu_engine.serve", "serve_main",
+    "serve": ServerCommand("gpu_engine.api.serve", "serve_main",
                            "start the constraint sidecar and the engine (see `ninfer serve --help`)"),
 }
 

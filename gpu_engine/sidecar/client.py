@@ -26,8 +26,8 @@ from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
 from ninfer_common.grpc_status import detail_from_rpc_error
 from ninfer_common.telemetry import instrument_channel
 
-from .errors import RequestError, RowError
-from .model.vocab import TokenVocabulary
+from gpu_engine.errors import RequestError, RowError
+from gpu_engine.model.vocab import TokenVocabulary
 
 log = logging.getLogger("ninfer.engine.sidecar")
 
