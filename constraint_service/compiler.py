@@ -280,7 +280,7 @@ class ConstraintCompiler:
         """(cache key, value for the kind's converter, source bytes) -- the kind's registry entry."""
         entry = kind_entry(spec.kind)
         canon = entry.canonicalise(spec)
-        key = (entry.kind.value, canon.text, entry.compile_options, PLAIN_WRAPPER, self.vocab.fingerprint())
+        key = (entry.name, canon.text, entry.compile_options, PLAIN_WRAPPER, self.vocab.fingerprint())
         return key, canon.value, canon.size
 
     def _timeout_error(self, kind: ConstraintKind) -> ConstraintError:

@@ -30,9 +30,9 @@ for grammar/regex/schema text and for the total bytes of a choice list,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from ninfer_common.errors import ErrorKind
 
@@ -51,8 +51,7 @@ MAX_SOURCE_BYTES = 1 << 20
 MAX_CHOICE_OPTION_BYTES = 64 << 10
 
 
-@dataclass(frozen=True)
-class Canonical:
+class Canonical(NamedTuple):
     """A validated, canonicalised constraint.
 
     Attributes:
@@ -77,6 +76,7 @@ class KindEntry:
         canonicalise: ``spec -> Canonical``; raises ``ConstraintError`` (``error_kind``)
             for bad content and ``ValueError`` for fields that do not belong to the kind.
         to_grammar: ``(backend, Canonical.value) -> grammar``; raises ``ConstraintError``.
+        name: ``kind.value``, the kind's spelling in the cache key.
     """
 
     kind: ConstraintKind
@@ -84,6 +84,10 @@ class KindEntry:
     compile_options: tuple[str, ...]
     canonicalise: Callable[[ConstraintSpec], Canonical]
     to_grammar: Callable[[Backend, Any], Grammar]
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.kind.value)
 
 
 def user_input_error(kind: ConstraintKind, exc: BaseException) -> ConstraintError:
@@ -262,8 +266,7 @@ def _choice_grammar(backend: Backend, options: tuple[str, ...]) -> Grammar:
 
 # -- the registry -----------------------------------------------------------------------
 
-#: One entry per :class:`ConstraintKind` (read-only).
-REGISTRY: Mapping[ConstraintKind, KindEntry] = MappingProxyType({
+_ENTRIES: dict[ConstraintKind, KindEntry] = {
     e.kind: e for e in (
         KindEntry(ConstraintKind.JSON_OBJECT, ErrorKind.INVALID_GRAMMAR, (f"max_ws={JSON_OBJECT_MAX_WS}",),
                   _canon_json_object, _json_object_grammar),
@@ -273,7 +276,9 @@ REGISTRY: Mapping[ConstraintKind, KindEntry] = MappingProxyType({
         KindEntry(ConstraintKind.REGEX, ErrorKind.INVALID_REGEX, ("fullmatch",), _canon_text, _regex_grammar),
         KindEntry(ConstraintKind.CHOICE, ErrorKind.INVALID_CHOICE, (), _canon_choice, _choice_grammar),
     )
-})
+}
+#: One entry per :class:`ConstraintKind` (read-only).
+REGISTRY: Mapping[ConstraintKind, KindEntry] = MappingProxyType(_ENTRIES)
 
 
 def kind_entry(kind: ConstraintKind | str) -> KindEntry:
@@ -282,4 +287,5 @@ def kind_entry(kind: ConstraintKind | str) -> KindEntry:
     Raises:
         ValueError: not a constraint kind.
     """
-    return REGISTRY[ConstraintKind.parse(kind)]
+    entry = _ENTRIES.get(kind)  # a StrEnum member and its spelling hash alike
+    return entry if entry is not None else REGISTRY[ConstraintKind.parse(kind)]
