@@ -28,15 +28,16 @@ import torch
 from ninfer_common.telemetry import get_tracer
 from shared_memory.ring import MaskRing
 
-from gpu_engine.errors import RowError
+from ninfer_common.errors import RowError, Status
 from gpu_engine.engine.drafting import Drafting
 from gpu_engine.engine.metrics import EngineMetrics
 from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
 from gpu_engine.model.vocab import TokenVocabulary
-from gpu_engine.executor.eager import Program
-from gpu_engine.core.request import Delta, Finish, Request
-from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
+from gpu_engine.executor import select_mask_rows
+from gpu_engine.executor.base import Executor
+from gpu_engine.core.request import ConstraintResult, Delta, Finish, FinishReason, Request
+from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
 
 log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
@@ -55,7 +56,7 @@ class Engine(Drafting):
         spec_method: default speculative method; ``num_draft_tokens`` its K.
     """
 
-    def __init__(self, program: Program, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
+    def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
                  spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0) -> None:
         self.program = program
         self.vocab = vocab
@@ -132,7 +133,7 @@ class Engine(Drafting):
                 log.exception("engine step failed; failing resident requests")
                 for r in self._lanes:
                     if r is not None:
-                        self._finish(r, "error", error=RowError("EngineError", "engine step failed", "INTERNAL"))
+                        self._finish(r, "error", error=RowError("EngineError", "engine step failed", status=Status.INTERNAL))
                 worked = True
             if not worked:
                 self._wake.wait(0.05)
@@ -154,8 +155,7 @@ class Engine(Drafting):
             if r.constraint is not None and self.sidecar is not None and r.sidecar_generation != self.sidecar.generation:
                 # prepared in a sidecar that has since died: its session is gone
                 self._finish(r, "error", error=RowError("ConstraintServiceUnavailable",
-                                                        "the constraint sidecar restarted before this request ran",
-                                                        "UNAVAILABLE"))
+                                                        "the constraint sidecar restarted before this request ran", status=Status.UNAVAILABLE))
                 continue
             r.lane = lane
             r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
@@ -206,7 +206,7 @@ class Engine(Drafting):
             # Draft-ready overlap: queue the target forward with the device-side draft ids first;
             # block only on the ids' ready event, then send the Step (lookahead masks need the ids)
             # while the forward runs.
-            logits = prog.forward_rows_deferred(rows, drafts, deferred)
+            logits = prog.forward_rows(rows, drafts, deferred)
             self._resolve_deferred(drafts, draft_q, deferred, dt)
             forwarded = True
         if constrained:
@@ -246,12 +246,11 @@ class Engine(Drafting):
                 by_id = {x.request_id: x for x in results}
                 for r in constrained:
                     x = by_id.get(r.request_id)
-                    if x is None or x.status == "integrity":
+                    if x is None or x.status is not RowStatus.OK:
                         self._finish(r, "error", error=RowError(
                             "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
-                    elif x.status == "dead_end" and not drafts.get(r.lane):
-                        self._finish(r, "error", error=RowError(
-                            "ConstraintDeadEnd", "the constraint allows no further token", "FAILED_PRECONDITION"))
+                # A dead end is not reported here: the slot's status byte says DEAD_END and the
+                # sampler / verifier fail the row with ConstraintDeadEnd where the draw happens.
                 # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
                 # registered ring into the device bitmask (prog.stage_masks documents both).
                 words, status, nbytes = prog.stage_masks(self.ring, slot, rows)
@@ -265,8 +264,7 @@ class Engine(Drafting):
             rows = [rows[i] for i in live_idx]
             logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
-                words, enabled = words.index_select(0, sel), enabled.index_select(0, sel)
-                status = None if status is None else status.index_select(0, sel)
+                words, status, enabled = select_mask_rows(words, status, enabled, sel)
         out = prog.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
         for i, r in enumerate(rows):
             toks, err = out[i]
@@ -288,7 +286,7 @@ class Engine(Drafting):
         for r in rows:
             if not r.finished:
                 self._finish(r, "error", error=RowError(
-                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", "UNAVAILABLE"))
+                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", status=Status.UNAVAILABLE))
         if self.sidecar is not None:
             try:
                 self.sidecar.ensure_started()
@@ -326,20 +324,23 @@ class Engine(Drafting):
         r.finished = True
         if 0 <= r.lane < self.max_lanes and self._lanes[r.lane] is r:
             self._lanes[r.lane] = None
+        reason = FinishReason(reason)
         constraint = None
         if r.constraint is not None:
-            constraint = {"kind": r.constraint.kind, "complete": False, "terminated": False, **r.constraint_info}
+            info = r.constraint_info
+            constraint = ConstraintResult(r.constraint.kind, cache=info.get("cache"),
+                                          prepare_seconds=float(info.get("prepare_seconds", 0.0)))
             if self.sidecar is not None:
                 try:
-                    final = [] if reason in ("cancelled", "error") else list(r.pending_commit)
+                    final = [] if reason in (FinishReason.CANCELLED, FinishReason.ERROR) else list(r.pending_commit)
                     complete, terminated, positions, cerr = self.sidecar.close(
                         r.request_id, final, r.sidecar_generation)
-                    constraint.update(complete=complete, terminated=terminated, mask_positions=positions)
+                    constraint.complete, constraint.terminated, constraint.mask_positions = complete, terminated, positions
                     if cerr and error is None:
-                        reason, error = "error", RowError("IntegrityError", cerr)
+                        reason, error = FinishReason.ERROR, RowError("IntegrityError", cerr)
                 except RowError as e:
-                    if error is None and reason not in ("cancelled",):
-                        reason, error = "error", e
+                    if error is None and reason != FinishReason.CANCELLED:
+                        reason, error = FinishReason.ERROR, e
         tail = r.detok.flush() if r.detok is not None else ""
         if tail:
             r.events.put(Delta(tail, []))
@@ -348,6 +349,5 @@ class Engine(Drafting):
         r.events.put(Finish(
             finish_reason=reason, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.output_ids),
             draft_tokens=r.draft_tokens, accepted_draft_tokens=r.accepted_draft_tokens, constraint=constraint,
-            error=None if error is None else {"code": error.code, "kind": error.kind, "message": error.message,
-                                               "location": ""}))
+            error=error))
         self.program.release_lane(r.lane)

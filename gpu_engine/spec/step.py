@@ -21,7 +21,7 @@ from dataclasses import fields
 
 import torch
 
-from gpu_engine.errors import RowError
+from ninfer_common.errors import RowError, Status
 from gpu_engine.core.request import Request
 from gpu_engine.sample.sampler import SAMPLE_OK, SamplingTensors, sample
 from gpu_engine.spec.verify import (
@@ -42,14 +42,13 @@ __all__ = ["verify_rows", "verify_error", "select_rows"]
 def verify_error(code: int) -> RowError:
     """The :class:`RowError` for a ``VERIFY_*`` / ``SAMPLE_*`` code (``code != 0``)."""
     if code in (VERIFY_ERR_DEAD_END, VERIFY_ERR_EMPTY_MASK):
-        return RowError("ConstraintDeadEnd", "the constraint allows no token after the accepted prefix",
-                        "FAILED_PRECONDITION")
+        return RowError("ConstraintDeadEnd", "the constraint allows no token after the accepted prefix", status=Status.FAILED_PRECONDITION)
     if code == VERIFY_ERR_NONFINITE:
-        return RowError("NonFiniteLogits", "the model produced non-finite logits", "INTERNAL")
+        return RowError("NonFiniteLogits", "the model produced non-finite logits", status=Status.INTERNAL)
     if code == VERIFY_ERR_UNREACHABLE:
         return RowError("IntegrityError", "verification reached a lookahead position the sidecar marked "
-                        "UNREACHABLE (expected READY or DEAD_END)", "INTERNAL")
-    return RowError("SamplingError", f"verify error code {code}", "INTERNAL")
+                        "UNREACHABLE (expected READY or DEAD_END)", status=Status.INTERNAL)
+    return RowError("SamplingError", f"verify error code {code}", status=Status.INTERNAL)
 
 
 def select_rows(st: SamplingTensors, idx: torch.Tensor) -> SamplingTensors:

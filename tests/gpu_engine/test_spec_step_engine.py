@@ -24,7 +24,7 @@ from gpu_engine.executor.eager import Program
 from gpu_engine.core.request import ConstraintRef, Finish, Request, SamplingOptions
 from gpu_engine.sample.rng import Purpose
 from gpu_engine.sample.sampler import draw
-from gpu_engine.sidecar.client import StepRowResult
+from gpu_engine.sidecar.client import RowStatus, StepRowResult
 from shared_memory.layout import STATUS_DEAD_END, STATUS_READY, STATUS_UNREACHABLE
 from shared_memory.ring import MaskRing
 
@@ -108,8 +108,7 @@ class FakeSidecar:
                 if d == EOS:
                     break
             bm[i:], st[i:] = 0, STATUS_UNREACHABLE
-            status = "dead_end" if st[0] == STATUS_DEAD_END else "ok"
-            results.append(StepRowResult(row.request_id, row.row, status, False, False, ""))
+            results.append(StepRowResult(row.request_id, row.row, RowStatus.OK, False, False, ""))
         self.ring.end_write(slot, seq)
         return results, 0.0
 

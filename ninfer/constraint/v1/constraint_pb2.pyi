@@ -18,7 +18,6 @@ class RowStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROW_STATUS_UNSPECIFIED: _ClassVar[RowStatus]
     ROW_STATUS_OK: _ClassVar[RowStatus]
-    ROW_STATUS_DEAD_END: _ClassVar[RowStatus]
     ROW_STATUS_INTEGRITY_ERROR: _ClassVar[RowStatus]
 CACHE_STATUS_UNSPECIFIED: CacheStatus
 CACHE_STATUS_HIT: CacheStatus
@@ -26,7 +25,6 @@ CACHE_STATUS_BUILT: CacheStatus
 CACHE_STATUS_WAITED: CacheStatus
 ROW_STATUS_UNSPECIFIED: RowStatus
 ROW_STATUS_OK: RowStatus
-ROW_STATUS_DEAD_END: RowStatus
 ROW_STATUS_INTEGRITY_ERROR: RowStatus
 
 class ConstraintErrorDetail(_message.Message):
