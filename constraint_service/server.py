@@ -227,6 +227,9 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         seen: set[str] = set()
         for r in rows:
             rid, lane = r.request_id, r.row
+            if r.close:
+                out.append(self._close_row(rid, lane, r.commit_tokens))
+                continue
             live = sessions.get(rid)
             if live is None:
                 out.append([rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}"])
@@ -271,12 +274,37 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         resp = pb.StepResponse(step_seq=req.step_seq, slot=req.slot)
         add = resp.rows.add  # in place: cheaper than building RowResult messages and copying them
         for o in out:
-            if o[5]:
+            if len(o) > 6:  # a closed session
+                add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5],
+                    mask_positions=o[6])
+            elif o[5]:
                 add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5])
             else:
                 add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4])
         resp.work_seconds = time.perf_counter() - t0
         return resp
+
+    def _close_row(self, rid: str, lane: int, final_tokens) -> list:
+        """A ``close`` row of a Step: commit the request's final tokens, end its session.
+
+        Returns the row's result ``[request_id, row, status, complete, terminated, error, mask_positions]``;
+        an unknown session or rejected final tokens are an integrity error (not a user error).
+        """
+        with self._lock:
+            live = self._sessions.pop(rid, None)
+        if live is None:
+            return [rid, lane, pb.ROW_STATUS_INTEGRITY_ERROR, False, False, f"no session for request {rid!r}", 0]
+        s, err = live.session, ""
+        if final_tokens:
+            try:
+                s.preview(list(final_tokens))
+                s.commit()
+            except IntegrityError as e:
+                s.discard()
+                log.error("integrity error at close: request_id=%s tokens=%s: %s", rid, list(final_tokens), e)
+                err = str(e)
+        status = pb.ROW_STATUS_INTEGRITY_ERROR if err else pb.ROW_STATUS_OK
+        return [rid, lane, status, s.is_complete, s.is_terminated, err, live.mask_positions]
 
     def close(self) -> None:
         """Detach from the ring (does not unlink it)."""

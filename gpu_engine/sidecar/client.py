@@ -60,6 +60,7 @@ class StepRow:
     row: int
     commit_tokens: list[int]
     draft_tokens: list[int]
+    close: bool = False  # commit ``commit_tokens``, then end the session (no masks are written)
 
 
 class RowStatus(enum.Enum):
@@ -79,6 +80,7 @@ class StepRowResult:
     complete: bool
     terminated: bool
     error: str
+    mask_positions: int = 0  # closing rows: bitmask positions computed over the request's life
 
 
 _ROW_STATUS = {pb.ROW_STATUS_OK: RowStatus.OK, pb.ROW_STATUS_INTEGRITY_ERROR: RowStatus.INTEGRITY_ERROR}
@@ -248,7 +250,10 @@ class Sidecar:
         raise AssertionError("unreachable")
 
     def close(self, request_id: str, final_tokens: list[int], generation: int) -> tuple[bool, bool, int, str]:
-        """End a session: returns ``(complete, terminated, mask_positions, error)``.
+        """End a session with a blocking ``Close`` RPC: returns ``(complete, terminated, mask_positions, error)``.
+
+        For tools and benches (``bench/mask_bench.py``); the engine never blocks on it: it
+        closes sessions on the Step stream (:class:`StepRow` with ``close``).
 
         Raises:
             RowError: the sidecar died (the session is gone).
@@ -271,6 +276,8 @@ class Sidecar:
         for r in rows:
             if r.draft_tokens:
                 add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, draft_tokens=r.draft_tokens)
+            elif r.close:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, close=True)
             else:
                 add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens)
         self._step_q.put(msg)
@@ -288,4 +295,4 @@ class Sidecar:
         if r.step_seq != step_seq:
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
         return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,
-                              x.error) for x in r.rows], r.work_seconds
+                              x.error, x.mask_positions) for x in r.rows], r.work_seconds
