@@ -5,7 +5,7 @@ STYLE "A narrow interface, one class per backend"; the same split as vLLM's
 ``BaseGrammarBackend`` / ``BaseGrammarObject``:
 
 * a :class:`Backend` is bound to one vocabulary; it parses EBNF text into
-  its own opaque grammar object, compiles that into a :class:`CompiledConstraint`
+  its own opaque grammar object (and concatenates such grammars), compiles that into a :class:`CompiledConstraint`
   (immutable, shared by every request with the same cache key), makes fresh
   matchers and fills many matchers' bitmasks at once;
 * a :class:`Matcher` is one request's mutable grammar state (never shared).
@@ -97,6 +97,11 @@ class Backend(Protocol):
         Raises:
             ConstraintError: ``kind`` with ``"line:col"`` (character columns) for syntax errors.
         """
+        ...
+
+    def concat(self, grammars: Sequence[Grammar]) -> Grammar:
+        """A grammar whose language is the concatenation of ``grammars``' languages, in order
+        (used to put a thinking/tool wrapper around a body)."""
         ...
 
     def compile(self, grammar: Grammar, *, kind: ConstraintKind | str, key: tuple,

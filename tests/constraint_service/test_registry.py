@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VOCAB, W
+from conftest import VOCAB, W, allowed_ids, tok
 from constraint_service.backend import Backend, Matcher, XGrammarBackend
 from constraint_service.compiler import ConstraintCompiler
 from constraint_service.errors import CONSTRAINT_ERROR_KINDS, ConstraintError
@@ -67,6 +67,10 @@ class RecordingBackend:
         self.calls.append(("parse_ebnf", str(kind)))
         return self._inner.parse_ebnf(source, kind=kind)
 
+    def concat(self, grammars):
+        self.calls.append(("concat", len(grammars)))
+        return self._inner.concat(grammars)
+
     def compile(self, grammar, *, kind, key, error_kind="InvalidGrammar"):
         self.calls.append(("compile", kind, str(error_kind)))
         compiled = self._inner.compile(grammar, kind=kind, key=key, error_kind=error_kind)
@@ -111,10 +115,14 @@ def test_backend_compile_error_has_the_entry_error_kind():
     with pytest.raises(ConstraintError) as ei:
         b.compile(grammar, kind=ConstraintKind.REGEX, key=("t",), error_kind=kind_entry("regex").error_kind)
     assert ei.value.kind == "InvalidRegex"
-    m = b.new_matcher(b.compile(b.parse_ebnf('root ::= "a"'), kind="grammar", key=("t2",))._compiled)
+    assert isinstance(b, Backend)
+    ab = b.concat([b.parse_ebnf('root ::= "a"'), b.parse_ebnf('root ::= "b" | ""')])
+    m = b.new_matcher(b.compile(ab, kind="grammar", key=("t2",))._compiled)
     t = torch.zeros((1, W), dtype=torch.int32)
     m.fill_bitmask(t, 0)
-    assert int(t.count_nonzero()) == 1 and m.accept_bytes(b"a") and m.is_completed()
+    assert allowed_ids(t.numpy().view(np.uint32)[0]) == {tok(b"a"), tok(b"ab")}  # "a" then ("b" | "")
+    assert m.accept_bytes(b"a") and m.is_completed()
+    assert m.accept_bytes(b"b") and m.is_completed() and not m.accept_bytes(b"b")
 
 
 def _imports(path: pathlib.Path) -> set[str]:
