@@ -1,0 +1,218 @@
+"""The ASGI app (FastAPI): routes, bearer auth, request size limit, and protocol-shaped errors.
+
+Routes:
+
+* ``POST /v1/chat/completions`` — :mod:`gateway.openai_chat`
+* ``POST /v1/responses``, ``POST /v1/responses/input_tokens`` — :mod:`gateway.openai_responses`
+* ``POST /v1/messages``, ``POST /v1/messages/count_tokens`` — :mod:`gateway.anthropic_messages`
+* ``GET /v1/models``, ``GET /v1/models/{id}`` (alias ``default``); Anthropic shape when the
+  request has an ``anthropic-version`` header
+* ``GET /health`` — 200 when the engine's gRPC health says SERVING, else 503
+
+Errors are rendered in the protocol of the path (Anthropic for ``/v1/messages*``, OpenAI
+otherwise): 400 for invalid bodies (as both APIs and vLLM do), 401 bad/missing key,
+404 unknown route or model, 405 wrong method, 413 body over the limit, 503 engine down.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import anthropic_messages, openai_chat, openai_responses
+from .engine import EngineClient
+from .errors import ApiError
+
+log = logging.getLogger("ninfer.gateway")
+
+#: Default request body limit in bytes (the engine accepts 8 MiB gRPC messages).
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+
+
+@dataclass
+class GatewayConfig:
+    """Gateway settings.
+
+    Attributes:
+        engine_target: ``host:port`` of the engine's public gRPC API.
+        model_name: the served model's name in ``/v1/models`` and responses.
+        api_key: bearer token required on ``/v1/*`` (None = no auth).
+        max_request_bytes: request body limit in bytes (413 above it).
+    """
+
+    engine_target: str
+    model_name: str = "SmolLM2-135M-Instruct"
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+def _is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    """Renders ``err`` in the protocol that owns ``path``."""
+    body = err.anthropic_body() if _is_anthropic(path) else err.openai_body()
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(body, status_code=err.status, headers=headers)
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 when the body exceeds ``limit`` bytes (by ``Content-Length``
+    or, for chunked bodies, while reading)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_big = ApiError(413, f"request body exceeds the limit of {self.limit} bytes", None, "RequestTooLarge")
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                return await error_response(scope["path"], too_big)(scope, receive, send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise too_big
+            return msg
+
+        await self.app(scope, limited, send)
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    """Builds the FastAPI app; the engine channel opens on start-up and closes on shutdown."""
+    app = FastAPI(title="NInfer gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    state: dict[str, EngineClient] = {}
+    model = config.model_name
+
+    @app.on_event("startup")
+    async def _open() -> None:
+        state["engine"] = EngineClient(config.engine_target)
+
+    @app.on_event("shutdown")
+    async def _close() -> None:
+        await state["engine"].close()
+
+    def engine() -> EngineClient:
+        return state["engine"]
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
+        if config.api_key and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), config.api_key.encode()):
+                return error_response(request.url.path, ApiError(401, "invalid or missing API key",
+                                                                 None, "invalid_api_key"))
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError):
+        return error_response(request.url.path, err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        message = {404: f"no route {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(err.status_code,
+                                                                                             str(err.detail))
+        resp = error_response(request.url.path, ApiError(err.status_code, message, None, None))
+        if err.headers:
+            resp.headers.update(err.headers)
+        return resp
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception):
+        log.exception("unexpected gateway error on %s", request.url.path)
+        return error_response(request.url.path, ApiError(500, f"internal gateway error: {type(err).__name__}",
+                                                         None, "InternalError"))
+
+    async def body_of(request: Request) -> dict:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}", None, "InvalidJSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", None,
+                           "InvalidRequest")
+        return body
+
+    def sse(events) -> EventSourceResponse:
+        return EventSourceResponse(events, sep="\n", ping=15)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        cr = openai_chat.parse(await body_of(request), model)
+        if cr.stream:
+            return sse(await openai_chat.stream(engine(), cr, model))
+        return JSONResponse(await openai_chat.complete(engine(), cr, model))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        rr = openai_responses.parse(await body_of(request), model)
+        if rr.stream:
+            return sse(await openai_responses.stream(engine(), rr, model))
+        return JSONResponse(await openai_responses.complete(engine(), rr, model))
+
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(request: Request):
+        req = openai_responses.count_request(await body_of(request), model)
+        resp = await engine().count_tokens(req)
+        return {"object": "response.input_tokens", "input_tokens": resp.num_tokens}
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        mr = anthropic_messages.parse(await body_of(request), model)
+        if mr.stream:
+            return sse(await anthropic_messages.stream(engine(), mr, model))
+        return JSONResponse(await anthropic_messages.complete(engine(), mr, model))
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(request: Request):
+        req = anthropic_messages.count_request(await body_of(request), model)
+        resp = await engine().count_tokens(req)
+        return {"input_tokens": resp.num_tokens}
+
+    def model_card(anthropic: bool) -> dict:
+        if anthropic:
+            return {"type": "model", "id": model, "display_name": model, "created_at": "1970-01-01T00:00:00Z"}
+        return {"id": model, "object": "model", "created": 0, "owned_by": "ninfer"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        anthropic = "anthropic-version" in request.headers
+        if anthropic:
+            return {"data": [model_card(True)], "has_more": False, "first_id": model, "last_id": model}
+        return {"object": "list", "data": [model_card(False)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str, request: Request):
+        if model_id not in (model, "default"):
+            raise ApiError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
+        return model_card("anthropic-version" in request.headers)
+
+    @app.get("/health")
+    async def health():
+        if await engine().healthy():
+            return {"status": "ok", "engine": config.engine_target}
+        return JSONResponse({"status": "unavailable", "engine": config.engine_target}, status_code=503)
+
+    return app
+
+
+def wrap(app: FastAPI, config: GatewayConfig) -> Any:
+    """The ASGI callable to serve: ``app`` behind the body-size limit."""
+    return BodyLimit(app, config.max_request_bytes)
