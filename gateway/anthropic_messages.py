@@ -23,6 +23,7 @@ from .engine import ConstraintOrigin, EngineClient
 from .errors import ApiError, invalid, not_supported
 
 ALLOWED = {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k", "stream", "metadata",
+           "cache_control",
            "output_config", "tools", "tool_choice", "thinking", "structured_outputs", "stop_sequences"}
 STOP = {"stop": "end_turn", "length": "max_tokens"}
 HINTS = ("cache_control", "citations")

@@ -128,7 +128,7 @@ def _response(rid: str, created: int, model: str, echo: dict, status: str, outpu
     if result is not None:
         p, n = result.usage["prompt_tokens"], result.usage["completion_tokens"]
         kw["usage"] = ResponseUsage(input_tokens=p, output_tokens=n, total_tokens=p + n,
-                                    input_tokens_details={"cached_tokens": 0},
+                                    input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
                                     output_tokens_details={"reasoning_tokens": 0})
         if result.finish_reason == "length":
             kw["incomplete_details"] = {"reason": "max_output_tokens"}
