@@ -19,7 +19,7 @@ import hmac
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -64,32 +64,59 @@ def error_response(path: str, err: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=headers)
 
 
-class BodyLimit:
-    """Pure ASGI middleware: 413 when the body exceeds ``limit`` bytes (by ``Content-Length``
-    or, for chunked bodies, while reading)."""
+class Guard:
+    """Pure ASGI middleware (no per-chunk overhead on SSE streams, unlike ``BaseHTTPMiddleware``):
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+    * bearer auth on ``/v1/*`` when ``api_key`` is set — ``Authorization: Bearer KEY`` (OpenAI
+      SDK, vLLM's ``--api-key``) or ``x-api-key: KEY`` (Anthropic SDK); 401 otherwise;
+    * 413 when the body exceeds ``limit`` bytes — by ``Content-Length`` before reading, or,
+      for chunked bodies, while reading. The body is read here (every route reads it whole
+      anyway) and replayed to the app.
+    """
+
+    def __init__(self, app: Any, limit: int, api_key: str | None = None) -> None:
+        self.app, self.limit, self.api_key = app, limit, api_key
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        given = headers.get(b"authorization", b"")
+        token = given[7:] if given[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        return hmac.compare_digest(token, self.api_key.encode())
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        too_big = ApiError(413, f"request body exceeds the limit of {self.limit} bytes", None, "RequestTooLarge")
+        headers = dict(scope.get("headers", ()))
+        if self.api_key and scope["path"].startswith("/v1/") and not self._authorized(headers):
+            deny = error_response(scope["path"], ApiError(401, "invalid or missing API key", None,
+                                                          "invalid_api_key"))
+            return await deny(scope, receive, send)
+        too_big = error_response(scope["path"], ApiError(
+            413, f"request body exceeds the limit of {self.limit} bytes", None, "RequestTooLarge"))
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                return await error_response(scope["path"], too_big)(scope, receive, send)
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
+                return await too_big(scope, receive, send)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise too_big
-            return msg
+            if msg["type"] != "http.request":  # client went away
+                return
+            size += len(msg.get("body", b""))
+            if size > self.limit:
+                return await too_big(scope, receive, send)
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        replayed = False
 
-        await self.app(scope, limited, send)
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # http.disconnect when the client leaves (SSE cancellation)
+
+        await self.app(scope, replay, send)
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -108,16 +135,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     def engine() -> EngineClient:
         return state["engine"]
-
-    @app.middleware("http")
-    async def auth(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
-        if config.api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), config.api_key.encode()):
-                return error_response(request.url.path, ApiError(401, "invalid or missing API key",
-                                                                 None, "invalid_api_key"))
-        return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError):
@@ -214,5 +231,5 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
 
 def wrap(app: FastAPI, config: GatewayConfig) -> Any:
-    """The ASGI callable to serve: ``app`` behind the body-size limit."""
-    return BodyLimit(app, config.max_request_bytes)
+    """The ASGI callable to serve: ``app`` behind :class:`Guard` (auth, body-size limit)."""
+    return Guard(app, config.max_request_bytes, config.api_key)
