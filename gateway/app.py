@@ -15,6 +15,7 @@ otherwise): 400 for invalid bodies (as both APIs and vLLM do), 401 bad/missing k
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -121,17 +122,18 @@ class Guard:
 
 def create_app(config: GatewayConfig) -> FastAPI:
     """Builds the FastAPI app; the engine channel opens on start-up and closes on shutdown."""
-    app = FastAPI(title="NInfer gateway", docs_url=None, redoc_url=None, openapi_url=None)
     state: dict[str, EngineClient] = {}
     model = config.model_name
 
-    @app.on_event("startup")
-    async def _open() -> None:
-        state["engine"] = EngineClient(config.engine_target)
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        state["engine"] = EngineClient(config.engine_target)  # connects lazily
+        try:
+            yield
+        finally:
+            await state["engine"].close()
 
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        await state["engine"].close()
+    app = FastAPI(title="NInfer gateway", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
     def engine() -> EngineClient:
         return state["engine"]

@@ -142,3 +142,41 @@ def test_gateway_never_imports_the_servers():
             bad += [f"{path.name}: {n}" for n in names
                     if n.split(".")[0] in ("gpu_engine", "constraint_service", "shared_memory", "torch", "xgrammar")]
     assert not bad
+
+
+def test_supervisor_restarts_a_dead_gateway():
+    """A real gateway child (no engine behind it: /health answers 503) is restarted after SIGKILL."""
+    import os
+    import signal
+    import time
+
+    import httpx2
+
+    from conftest import free_port
+    from gateway.supervisor import GatewaySupervisor
+
+    port = free_port()
+    sup = GatewaySupervisor(f"127.0.0.1:{free_port()}", port, restart_delay_s=0.2)
+
+    def health_status() -> int:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                return httpx2.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+            except httpx2.TransportError:
+                time.sleep(0.2)
+        raise AssertionError("gateway did not come up")
+
+    sup.start()
+    try:
+        assert health_status() == 503
+        first = sup.pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (sup.pid == first or sup.restarts == 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sup.restarts == 1 and sup.pid != first
+        assert health_status() == 503
+    finally:
+        sup.stop()
+    assert sup._proc.poll() is not None
