@@ -110,6 +110,27 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
             "itl_samples": len(itl)}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``); nan elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def timed(coro_fn, procs: dict[str, int]) -> dict:
+    """Runs one round and adds the CPU seconds each stack process spent in it
+    (``cpu_s_<name>``) and per output token (``cpu_ms_per_token_<name>``)."""
+    before = {k: cpu_seconds(pid) for k, pid in procs.items()}
+    res = asyncio.run(coro_fn())
+    for k, pid in procs.items():
+        used = cpu_seconds(pid) - before[k]
+        res[f"cpu_s_{k}"] = used
+        res[f"cpu_ms_per_token_{k}"] = 1e3 * used / max(1, res["output_tokens"])
+    return res
+
+
 def wait_ready(proc: subprocess.Popen, needle: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for line in proc.stdout:  # type: ignore[union-attr]
@@ -147,8 +168,17 @@ def report(res: dict, out: Path) -> None:
     for name, r in (("gRPC", g), ("HTTP (gateway)", h)):
         lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['itl_p50_ms']:.1f} | "
                      f"{r['itl_p99_ms']:.1f} |")
-    lines += ["", f"HTTP / gRPC throughput: **{res['ratio']:.3f}x** (target >= 0.95x).", "",
-              f"Command: `{res['command']}`"]
+    lines += ["", f"HTTP / gRPC throughput: **{res['ratio']:.3f}x** (target >= 0.95x); per round (gRPC and HTTP "
+              f"back to back): {', '.join(f'{r:.2f}' for r in res.get('paired_ratios', []))}.", ""]
+    if "cpu_ms_per_token_gateway" in h:
+        lines += [f"CPU per output token (machine-load independent): gateway {h['cpu_ms_per_token_gateway']:.2f} ms "
+                  f"(HTTP rounds), engine process (sidecar not counted) "
+                  f"{h['cpu_ms_per_token_engine']:.2f} ms (HTTP) / {g['cpu_ms_per_token_engine']:.2f} ms (gRPC).", ""]
+    if "loadavg" in cfg:
+        lines += [f"Load average of the (shared, 2-core) machine at start / end: {cfg['loadavg'][0]:.1f} / "
+                  f"{cfg['loadavg'][1]:.1f} — on a CPU shared by other jobs, throughput of single rounds swings "
+                  "more than the transport difference; the CPU-per-token figures do not depend on that load.", ""]
+    lines += [f"Command: `{res['command']}`"]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
@@ -189,6 +219,7 @@ def main() -> int:
     if args.plot:
         report(json.loads(Path(args.plot).read_text()), Path(args.plot))
         return 0
+    load_start = os.getloadavg()[0]
     procs: list[subprocess.Popen] = []
     if args.engine and args.gateway:
         target, url = args.engine, args.gateway
@@ -198,9 +229,10 @@ def main() -> int:
         asyncio.run(grpc_round(target, 4, 8))  # warm-up: prefill paths, channel, gateway imports
         asyncio.run(http_round(url, 4, 8))
         rounds: dict[str, list[dict]] = {"grpc": [], "http": []}
+        pids = {"gateway": procs[0].pid, "engine": procs[1].pid} if procs else {}
         for i in range(args.rounds):
-            rounds["grpc"].append(asyncio.run(grpc_round(target, args.streams, args.max_tokens)))
-            rounds["http"].append(asyncio.run(http_round(url, args.streams, args.max_tokens)))
+            rounds["grpc"].append(timed(lambda: grpc_round(target, args.streams, args.max_tokens), pids))
+            rounds["http"].append(timed(lambda: http_round(url, args.streams, args.max_tokens), pids))
             print(f"round {i}: grpc {rounds['grpc'][-1]['tokens_per_s']:.1f} tok/s, "
                   f"http {rounds['http'][-1]['tokens_per_s']:.1f} tok/s", flush=True)
     finally:
@@ -210,8 +242,11 @@ def main() -> int:
     g, h = mean_of(rounds["grpc"]), mean_of(rounds["http"])
     res = {"config": {"streams": args.streams, "max_tokens": args.max_tokens, "rounds": args.rounds,
                       "max_lanes": args.max_lanes, "device": args.device, "model": "SmolLM2-135M-Instruct Q4_1",
-                      "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, shared"},
-           "grpc": g, "http": h, "ratio": h["tokens_per_s"] / g["tokens_per_s"], "rounds": rounds,
+                      "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, shared",
+                      "loadavg": [load_start, os.getloadavg()[0]]},
+           "grpc": g, "http": h, "ratio": h["tokens_per_s"] / g["tokens_per_s"],
+           "paired_ratios": [hr["tokens_per_s"] / gr["tokens_per_s"] for gr, hr in zip(rounds["grpc"], rounds["http"])],
+           "rounds": rounds,
            "command": "python " + " ".join([sys.argv[0], *sys.argv[1:]])}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
