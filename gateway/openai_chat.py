@@ -48,7 +48,7 @@ def _messages(body: dict) -> list[dict]:
         p = f"messages[{i}]"
         if not isinstance(m, dict):
             raise invalid(p, "expected a message object")
-        role = m.get("role")
+        role = m.get("role") if isinstance(m.get("role"), str) else repr(m.get("role"))
         if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
             tools.reject_tool_history(p)
         if role not in ROLES:

@@ -57,7 +57,8 @@ def _input(body: dict) -> list[dict]:
         p = f"input[{i}]"
         if not isinstance(item, dict):
             raise invalid(p, "expected an input item object")
-        itype = item.get("type", "message")
+        itype = item.get("type") or "message"
+        itype = itype if isinstance(itype, str) else repr(itype)
         if itype in ("function_call", "function_call_output"):
             tools.reject_tool_history(p)
         if itype == "reasoning":
@@ -65,7 +66,7 @@ def _input(body: dict) -> list[dict]:
         if itype != "message":
             raise not_supported(f"{p}.type", f"input item type {itype!r} is not supported yet by the NInfer "
                                              "engine API")
-        role = item.get("role")
+        role = item.get("role") if isinstance(item.get("role"), str) else repr(item.get("role"))
         if role not in ROLES:
             raise invalid(f"{p}.role", f"expected system, developer, user or assistant, got {role!r}")
         c.reject_unknown(item, {"type", "role", "content", "id", "status"}, f"{p}.")

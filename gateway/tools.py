@@ -96,8 +96,9 @@ def openai_chat_tools(body: dict) -> ToolPolicy | None:
     _check_unique(tools, "tools")
     policy = ToolPolicy(tools=tools, parallel=body.get("parallel_tool_calls") is not False)
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        if name not in _tool_names(tools):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or name not in _tool_names(tools):
             raise invalid("tool_choice.function.name", f"names no declared tool: {name!r}")
         policy.choice, policy.allowed_names, policy.parallel = "required", [name], False
     elif choice in (None, "auto", "none", "required"):

@@ -180,3 +180,33 @@ def test_supervisor_restarts_a_dead_gateway():
     finally:
         sup.stop()
     assert sup._proc.poll() is not None
+
+
+ODD_VALUES = [1, -1, 1e308, "x", "", [], [1], ["x"], {}, {"a": 1}, {"type": "x"}, True, [{}], [{"type": 1}],
+              {"type": "function", "function": "f"}, {"type": "json_schema", "json_schema": "s"}]
+BASES = {
+    openai_chat: {"model": M, "messages": USER},
+    openai_responses: {"model": M, "input": "hi"},
+    anthropic_messages: {"model": M, "max_tokens": 4, "messages": USER},
+}
+
+
+@pytest.mark.parametrize("module", list(BASES), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_any_odd_value_is_an_api_error_never_a_crash(module):
+    """Every field (top level, one message level down, one constraint level down) with values of
+    the wrong type or shape: the translator accepts it or raises ApiError (-> 4xx), nothing else."""
+    base = BASES[module]
+    keys = set(module.ALLOWED) | {"unknown_field"}
+    bodies = [{**base, k: v} for k in keys for v in ODD_VALUES]
+    msg_key = "input" if module is openai_responses else "messages"
+    for field in ("role", "content", "type", "tool_calls", "name"):
+        bodies += [{**base, msg_key: [{"role": "user", "content": "x", field: v}]} for v in ODD_VALUES]
+    for outer, inner in (("response_format", "json_schema"), ("text", "format"), ("output_config", "format"),
+                         ("structured_outputs", "choice"), ("tool_choice", "function"), ("thinking", "type"),
+                         ("stream_options", "include_usage")):
+        bodies += [{**base, outer: {inner: v}} for v in ODD_VALUES]
+    for body in bodies:
+        try:
+            module.parse(body, M)
+        except ApiError as e:
+            assert 400 <= e.status < 500, (body, e.status)
