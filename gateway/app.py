@@ -15,6 +15,7 @@ otherwise): 400 for invalid bodies (as both APIs and vLLM do), 401 bad/missing k
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -169,6 +170,28 @@ def create_app(config: GatewayConfig) -> FastAPI:
                            "InvalidRequest")
         return body
 
+    async def until_disconnect(request: Request, work) -> Response:
+        """Runs a non-streaming generation, cancelling it (and so the engine request: the gRPC
+        call is cancelled and its lane freed) when the HTTP client goes away first."""
+        task = asyncio.ensure_future(work)
+
+        async def gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        watcher = asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                await task
+            log.info("client disconnected from %s; generation cancelled", request.url.path)
+            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        return JSONResponse(task.result())
+
     def sse(events) -> EventSourceResponse:
         return EventSourceResponse(events, sep="\n", ping=15)
 
@@ -177,14 +200,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
         cr = openai_chat.parse(await body_of(request), model)
         if cr.stream:
             return sse(await openai_chat.stream(engine(), cr, model))
-        return JSONResponse(await openai_chat.complete(engine(), cr, model))
+        return await until_disconnect(request, openai_chat.complete(engine(), cr, model))
 
     @app.post("/v1/responses")
     async def responses(request: Request):
         rr = openai_responses.parse(await body_of(request), model)
         if rr.stream:
             return sse(await openai_responses.stream(engine(), rr, model))
-        return JSONResponse(await openai_responses.complete(engine(), rr, model))
+        return await until_disconnect(request, openai_responses.complete(engine(), rr, model))
 
     @app.post("/v1/responses/input_tokens")
     async def responses_input_tokens(request: Request):
@@ -197,7 +220,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         mr = anthropic_messages.parse(await body_of(request), model)
         if mr.stream:
             return sse(await anthropic_messages.stream(engine(), mr, model))
-        return JSONResponse(await anthropic_messages.complete(engine(), mr, model))
+        return await until_disconnect(request, anthropic_messages.complete(engine(), mr, model))
 
     @app.post("/v1/messages/count_tokens")
     async def messages_count_tokens(request: Request):
