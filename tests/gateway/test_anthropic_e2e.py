@@ -88,3 +88,16 @@ def test_unknown_model_is_not_found(anthropic_client):
     with pytest.raises(anthropic.NotFoundError):
         anthropic_client.messages.create(model="claude-opus-4", max_tokens=4, messages=MSGS)
     assert [m.id for m in anthropic_client.models.list()] == ["SmolLM2-135M-Instruct"]
+
+
+def test_messages_parse_with_pydantic_model(anthropic_client):
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    m = anthropic_client.messages.parse(model="default", max_tokens=64, messages=MSGS, output_format=Person,
+                                        extra_body=GREEDY)
+    assert m.stop_reason == "end_turn" and isinstance(m.parsed_output, Person)
+    jsonschema.validate(json.loads(m.content[0].text), Person.model_json_schema())

@@ -170,3 +170,11 @@ def test_models_and_unknown_model(openai_client):
     with pytest.raises(openai.NotFoundError) as exc:
         openai_client.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=4)
     assert "gpt-4o" in exc.value.message
+
+
+def test_stream_helper_parses_pydantic_model(openai_client):
+    with openai_client.chat.completions.stream(model="default", messages=USER, response_format=Person,
+                                               max_tokens=64, temperature=0) as stream:
+        final = stream.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, Person)
+    jsonschema.validate(json.loads(final.choices[0].message.content), Person.model_json_schema())
