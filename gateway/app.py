@@ -165,6 +165,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}", None, "InvalidJSON") from None
+        except RecursionError:
+            raise ApiError(400, "the request body nests too deeply", None, "InvalidJSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", None,
                            "InvalidRequest")

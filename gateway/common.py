@@ -141,7 +141,11 @@ def json_schema_constraint(schema: Any, path: str) -> tuple[dict, ConstraintOrig
         raise invalid(path, "is required")
     if not isinstance(schema, (dict, bool)):
         raise invalid(path, f"expected a JSON Schema object, got {type(schema).__name__}")
-    return {"json_schema": json.dumps(schema, ensure_ascii=False)}, ConstraintOrigin(path, schema)
+    try:
+        text = json.dumps(schema, ensure_ascii=False)
+    except RecursionError:
+        raise invalid(path, "the schema nests too deeply") from None
+    return {"json_schema": text}, ConstraintOrigin(path, schema)
 
 
 def structured_outputs(body: Mapping[str, Any], other_source: str | None) -> tuple[dict, ConstraintOrigin] | None:

@@ -31,7 +31,8 @@ def test_routing_errors_in_protocol_shape(gateway, method, path, status):
 
 @pytest.mark.parametrize("content,needle", [
     (b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"), (b"", "not valid JSON"),
-], ids=["broken", "array", "empty"])
+    (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"), (b'{"model": "\xff"}', "not valid JSON"),
+], ids=["broken", "array", "empty", "deep", "bad-utf8"])
 def test_malformed_bodies_are_400(gateway, content, needle):
     for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
         r = httpx2.post(gateway.url + path, content=content, headers={"content-type": "application/json"})
