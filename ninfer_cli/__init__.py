@@ -3,7 +3,7 @@
 Server commands are looked up in :data:`SERVER_COMMANDS` and imported lazily
 (so ``ninfer generate`` never imports torch); everything else goes to the
 client CLI (:func:`clients.cli.main`). A new front door adds one entry here
-(e.g. ``"gateway": ServerCommand("gateway.serve", "main", "...")``).
+(e.g. ``"gateway": ServerCommand("gateway", "main", "...")``).
 """
 from __future__ import annotations
 
@@ -26,8 +26,11 @@ class ServerCommand:
 
 #: Subcommands that start a server, by name.
 SERVER_COMMANDS: dict[str, ServerCommand] = {
-    "serve": ServerCommand("gpu_engine.api.serve", "serve_main",
-                           "start the constraint sidecar and the engine (see `ninfer serve --help`)"),
+    "serve": ServerCommand("ninfer_cli.serve", "main",
+                           "start the constraint sidecar, the engine and, with --http-port, the HTTP gateway "
+                           "(see `ninfer serve --help`)"),
+    "gateway": ServerCommand("gateway", "main",
+                             "OpenAI / Anthropic HTTP gateway in front of a running engine (see `ninfer gateway --help`)"),
 }
 
 

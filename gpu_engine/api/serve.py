@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus /metrics on this port (0 = off)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "INFO"))
+    http = ap.add_argument_group("HTTP gateway (`ninfer serve` only; OpenAI / Anthropic protocols, off by default)")
+    http.add_argument("--http-port", type=int, default=0, help="also start the HTTP gateway on this port")
+    http.add_argument("--http-host", default=None, help="gateway listen address (default: --host)")
     return ap
 
 
@@ -85,7 +88,12 @@ def build_stack(args: argparse.Namespace):
 
 def serve_main(argv: list[str] | None = None) -> int:
     """Entry point of ``ninfer serve``; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.http_port or args.http_host:
+        # `ninfer serve` strips these before calling us; reaching here means `python -m gpu_engine`, which has no
+        # gateway to start: refuse rather than ignore the flag.
+        ap.error("--http-port/--http-host start the HTTP gateway and need `ninfer serve` (or run `ninfer gateway`)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc

@@ -1,0 +1,6 @@
+"""``python -m gateway``."""
+import sys
+
+from gateway import main
+
+sys.exit(main())

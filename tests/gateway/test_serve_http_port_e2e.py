@@ -1,0 +1,80 @@
+"""`ninfer serve --http-port`: one command starts engine, sidecar and the HTTP gateway; Ctrl-C stops all three.
+
+Real processes: the `ninfer` dispatcher (`python -m ninfer_cli serve`), its sidecar child, the gateway child,
+driven by the official `openai` SDK."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from e2e.conftest import MODEL, ROOT, free_port, shm_segments
+
+openai = pytest.importorskip("openai")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = open(f"/proc/{pid}/stat").read().split()[2] if os.path.exists(f"/proc/{pid}/stat") else "X"
+    return stat != "Z"
+
+
+@pytest.mark.slow
+def test_serve_with_http_port_answers_openai_and_stops_cleanly():
+    if not MODEL.exists():
+        pytest.skip(f"default model not fetched ({MODEL})")
+    port, http_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ninfer_cli", "serve", "--port", str(port), "--device", "cpu", "--max-lanes", "2",
+         "--max-seq-len", "512", "--http-port", str(http_port), "--log-level", "WARNING"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    engine_ready, gateway_ready = threading.Event(), threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if "ninfer ready on" in line:
+                engine_ready.set()
+            if "ninfer gateway ready on" in line:
+                gateway_ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 600
+        while not (engine_ready.is_set() and gateway_ready.is_set()):
+            assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-40:])
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", timeout=120)
+        resp = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=8,
+            extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+        assert resp.choices[0].message.content in ("yes", "no")
+        assert resp.choices[0].finish_reason == "stop"
+        children = _children(proc.pid)
+        assert len(children) >= 2, f"expected sidecar + gateway children, got {children}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    assert code == 0, "\n".join(lines[-40:])
+    time.sleep(0.5)
+    assert not [c for c in children if _alive(c)], "a child outlived `ninfer serve`"
+    assert not shm_segments(port)
