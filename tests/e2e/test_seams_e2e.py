@@ -202,3 +202,45 @@ def test_every_rejection_path_is_counted(stack, client) -> None:
     with pytest.raises(RequestRejected):
         client.generate_text(prompt="x", max_tokens=4, constraint={"regex": "(a"})
     assert _rejected_total(_scrape(stack)) - before == 3
+
+
+# ------------------------------------------------------------------------------ (6) admission
+@pytest.mark.xfail(strict=True, reason="issue 14 (6): no admission control (no bounded queue, health shares the "
+                                       "Generate worker pool)")
+def test_a_full_queue_answers_resource_exhausted_with_a_retry_hint_and_health_still_answers() -> None:
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from clients.client import NInferClient
+    from tests.e2e.conftest import MODEL
+
+    if not MODEL.exists():
+        pytest.skip(f"default model not fetched ({MODEL})")
+    s = Stack(free_port(), extra=["--max-queued-requests", "1"])
+    s.start()
+    try:
+        results: list[object] = []
+        with NInferClient(s.target) as c:
+            req = c.build_request(prompt="Count from one to fifty:", max_tokens=48, temperature=0.0)
+        channel = grpc.insecure_channel(s.target)
+        from ninfer.v1 import generation_pb2_grpc
+
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        calls = [stub.Generate(req, timeout=600) for _ in range(16)]  # lanes 8 + queue 1 < 16
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        for call in calls:
+            try:
+                results.append(len(list(call)))
+            except grpc.RpcError as e:
+                results.append(e)
+        channel.close()
+        refused = [e for e in results if isinstance(e, grpc.RpcError)]
+        assert refused and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused), results
+        assert len(refused) < len(results), "every request was refused"
+        md = dict(refused[0].trailing_metadata() or ())
+        st = status_pb2.Status.FromString(md["grpc-status-details-bin"])
+        retry = [d for d in st.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+        assert retry, "no google.rpc.RetryInfo retry hint"
+    finally:
+        s.stop()
