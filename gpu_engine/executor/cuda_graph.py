@@ -1,0 +1,392 @@
+"""CudaProgram: decode through CUDA graphs, masks straight from the pinned ring, one read-back per step.
+
+Phases and capture: :mod:`gpu_engine.executor.graph_capture`; buckets:
+:mod:`gpu_engine.executor.graph_buckets`.
+
+Per step the host does: one H2D copy of the packed per-row inputs (pinned),
+Forward launch, (engine waits for the sidecar while the GPU runs), one
+``cudaMemcpyAsync`` of the ring slot's bitmask rows (lanes ``0..max constrained
+lane``) from the registered shared memory into the device bitmask, Finish
+launch, one D2H copy of ``[2, B]`` int64 into pinned memory, and a
+``cudaEventSynchronize`` on the step's done event before reading it.
+Pure unconstrained steps skip the copy and launch the unmasked Finish variant.
+
+Padding rows repeat row 0's lane and token at the **scratch position**
+``model.max_seq_len - 1`` of that lane (the Program advertises ``max_seq_len - 1``
+usable positions, so no real row ever writes or attends it); their outputs are ignored.
+Prompts longer than the largest prefill bucket take the eager chunked prefill.
+
+Eager fallbacks (same results, no graphs): speculative steps (drafts) and rows with
+presence/frequency penalties (need per-step output counts). A speculative step with early-exit drafts keeps the draft ids
+on the device (draft-ready overlap, issue 6): drafting kernels → ``non_blocking`` D2H
+copy of the ids into pinned memory → cuda-python ready event → the eager target
+forward over ``[last token] + drafts`` built on the device
+(:meth:`CudaProgram.forward_rows` with ``deferred``); the engine then blocks on the ready
+event only, sends the sidecar its lookahead Step while the forward runs, and verifies.
+
+The class also runs on the CPU with ``use_graphs=False`` (no events, no ring
+registration, a staging copy of the slot): CI exercises its buffer
+bookkeeping against :class:`gpu_engine.executor.eager.Program`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ninfer_common.errors import RowError
+from gpu_engine.cuda.transfer import to_device_async
+from gpu_engine.executor.eager import Program, _row_error
+from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
+    _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
+    batch_buckets, context_buckets, prefill_graph_buckets)
+from gpu_engine.executor.graph_capture import GraphPhases
+from gpu_engine.core.request import Request
+
+log = logging.getLogger("ninfer.cuda_program")
+
+class CudaProgram(GraphPhases, Program):
+    """Program with static device buffers, CUDA-graph decode and a registered mask ring.
+
+    Args:
+        model: :class:`gpu_engine.model.llama.LlamaModel` on ``device``.
+        vocab_size: V, the logits width.
+        device: ``cuda`` (graphs, events, ring registration) or ``cpu`` (eager, for tests).
+        ring: the engine's :class:`shared_memory.ring.MaskRing` or None (no constraints).
+            Registered with ``cudaHostRegister`` here; :meth:`close` unregisters it
+            (the engine calls it before closing the ring).
+        use_graphs: capture and launch CUDA graphs (``False``: the same phases run eagerly).
+        graph_context: ``"buckets"`` (a Forward graph per context bucket) or ``"full"``
+            (one per batch bucket, attention over ``max_seq_len`` positions).
+        timing: record per-step CUDA-event timings into :attr:`step_timings`.
+
+    Buffers (all allocated here, on ``device``):
+        ``logits``: ``[L, V]`` float32, Forward output / Finish input, batch-row order.
+        ``words``: ``[L, K+1, W]`` int32, device copy of a ring slot's bitmasks (by lane).
+        ``_i64``: ``[6, L]`` int64 packed per-row inputs (forward ids / lanes / positions,
+            finish lanes / output positions / enabled), uploaded once per step from pinned memory.
+        ``_lane_f32``: ``[3, L]`` float32 per-lane temperature, top_p, min_p;
+        ``_lane_i64``: ``[2, L]`` int64 per-lane top_k, seed (uploaded when a lane's request changes).
+        ``_out``: ``[2, L]`` int64 sampled tokens (``-1`` on error) and error codes.
+
+    Raises:
+        gpu_engine.cuda.CudaError: a CUDA runtime call failed at start-up.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device, ring=None,
+                 use_graphs: bool = True, graph_context: str = "buckets", timing: bool = True,
+                 prefill_graphs: str | None = None) -> None:
+        super().__init__(model, vocab_size, device)
+        self.is_cuda = self.device.type == "cuda"
+        self.use_graphs = bool(use_graphs and self.is_cuda)
+        self.model_seq_len = model.max_seq_len
+        self.scratch_pos = model.max_seq_len - 1
+        self.max_seq_len = model.max_seq_len - 1  # last position is the padding rows' scratch
+        L, V = self.max_lanes, vocab_size
+        self.ring = ring
+        geo = ring.geometry if ring is not None else None
+        P, W = (geo.num_positions, geo.num_words) if geo is not None else (1, (V + 31) // 32)
+        dev, pin = self.device, self.is_cuda
+        self.logits = torch.zeros(L, V, dtype=torch.float32, device=dev)
+        self.words = torch.zeros(L, P, W, dtype=torch.int32, device=dev)
+        self._i64 = torch.zeros(_NUM_I64, L, dtype=torch.int64, device=dev)
+        self._i64_host = [torch.zeros(_NUM_I64, L, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._lane_f32 = torch.zeros(3, L, dtype=torch.float32, device=dev)
+        self._lane_i64 = torch.zeros(2, L, dtype=torch.int64, device=dev)
+        self._lane_f32_host = torch.zeros(3, L, dtype=torch.float32, pin_memory=pin)
+        self._lane_i64_host = torch.zeros(2, L, dtype=torch.int64, pin_memory=pin)
+        self._zeros_f32 = torch.zeros(L, dtype=torch.float32, device=dev)
+        self._ones_f32 = torch.ones(L, dtype=torch.float32, device=dev)
+        self._out = torch.zeros(2, L, dtype=torch.int64, device=dev)
+        self._out_host = torch.zeros(2, L, dtype=torch.int64, pin_memory=pin)
+        self._words_stage = None  # pinned staging copy when the ring could not be registered
+        self._lane_owner: list[Request | None] = [None] * L
+        self._fwd_rows: list[Request] | None = None
+        self._eager_step = False
+        self._step_mask_bytes = 0
+        self.batch_buckets = batch_buckets(L)
+        self.context_buckets = context_buckets(self.model_seq_len, graph_context)
+        self.timing = timing and self.is_cuda
+        self.step_timings: list[StepTiming] = []
+        # static prefill phase (CUDA graphs per (rows, padded length) bucket; eager on the CPU)
+        self.prefill_rows_buckets, self.prefill_len_buckets = prefill_graph_buckets(
+            prefill_graphs, L, self.model_seq_len, self.prefill_token_budget)
+        self._pf_graphs: dict[tuple[int, int], tuple] = {}
+        self.prefill_graph_capture_s = 0.0
+        self.prefill_graph_pool_bytes = 0
+        if self.prefill_rows_buckets:
+            R, T = self.prefill_rows_buckets[-1], self.prefill_len_buckets[-1]
+            self._pf_T = T
+            # per row: T ids, lane, logit index (one H2D copy per prefill group)
+            self._pf_in = torch.zeros(R, T + 2, dtype=torch.int64, device=dev)
+            self._pf_host = torch.zeros(L + R, T + 2, dtype=torch.int64, pin_memory=pin)
+            self._pf_zero = torch.zeros(R, dtype=torch.int64, device=dev)
+            self._pf_out = torch.zeros(R, V, dtype=torch.float32, device=dev)
+        self._fwd_graphs: dict[tuple[int, int], tuple] = {}
+        self._fin_graphs: dict[tuple[int, bool, bool], tuple] = {}
+        self._registration = None
+        self._events = None
+        if self.is_cuda:
+            from gpu_engine import cuda as cu
+
+            self._cu = cu
+            self._events = {k: cu.Event(timing=True) for k in ("start", "fwd", "mask", "done")}
+            if ring is not None:
+                try:
+                    self._registration = cu.HostRegistration(ring.buffer_address(), ring.nbytes, portable=True)
+                except cu.CudaError as e:  # e.g. locked-memory limit: fall back to a pinned staging copy
+                    log.warning("cudaHostRegister of the mask ring failed (%s); using a pinned staging copy", e)
+            if ring is not None and self._registration is None:
+                self._words_stage = torch.zeros(L, P, W, dtype=torch.int32, pin_memory=True)
+            if self.use_graphs:
+                self._capture_all()
+
+    # ------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Unregister the ring from CUDA and destroy events (idempotent). Call before the ring closes."""
+        if self._registration is not None:
+            torch.cuda.synchronize(self.device)
+            self._registration.unregister()
+            self._registration = None
+        if self._events is not None:
+            for ev in self._events.values():
+                ev.destroy()
+            self._events = None
+
+    def release_lane(self, lane: int) -> None:
+        """Forget the lane's owner, so the next request's sampling parameters are uploaded."""
+        self._lane_owner[lane] = None
+
+    @property
+    def ring_registered(self) -> bool:
+        """True when the mask ring is page-locked via cudaHostRegister."""
+        return self._registration is not None
+
+    def _bucket_of(self, n: int) -> int:
+        return next(b for b in self.batch_buckets if b >= n)
+
+    def _ctx_of(self, n: int) -> int:
+        return next(c for c in self.context_buckets if c >= n)
+
+    def _record(self, name: str) -> None:
+        if self.timing:
+            self._events[name].record(self._stream())
+
+    # ------------------------------------------------------------ per-step host work
+    def _sync_lane_params(self, rows: list[Request]) -> None:
+        """Upload sampling parameters of lanes whose request changed (one pair of H2D copies)."""
+        f, i = self._lane_f32_host.numpy(), self._lane_i64_host.numpy()
+        dirty = False
+        for r in rows:
+            if self._lane_owner[r.lane] is not r:
+                s = r.sampling
+                f[:, r.lane] = (s.temperature, s.top_p, s.min_p)
+                i[:, r.lane] = (s.top_k, s.seed)
+                self._lane_owner[r.lane] = r
+                dirty = True
+        if dirty:
+            self._lane_f32.copy_(self._lane_f32_host, non_blocking=True)
+            self._lane_i64.copy_(self._lane_i64_host, non_blocking=True)
+
+    def _fill_finish_rows(self, h: np.ndarray, rows: list[Request], enabled: list[bool]) -> int:
+        b = len(rows)
+        bb = self._bucket_of(b)
+        h[_FIN_LANES, :b] = [r.lane for r in rows]
+        h[_FIN_POS, :b] = [len(r.output_ids) for r in rows]
+        h[_FIN_ENABLED, :b] = enabled
+        h[_FIN_LANES, b:bb] = rows[0].lane
+        h[_FIN_POS, b:bb] = 0
+        h[_FIN_ENABLED, b:bb] = 0
+        return bb
+
+    def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
+        """Prefill ``rows``; returns ``[n, V]`` float32 last-prompt-position logits.
+
+        Prompts of at most the largest prefill length bucket go through the static prefill
+        phase (a CUDA graph per ``(rows, padded length)`` bucket; eager with the same buffers
+        off CUDA): sorted by length, in groups of at most the largest rows bucket, each group
+        right-padded to its length bucket; a group smaller than its rows bucket is padded with
+        copies of its first row (same lane, ids and positions: identical KV writes). Longer
+        prompts take :meth:`Program._prefill_rows` (eager, chunked). Sets ``r.num_cached``.
+        """
+        if not self.prefill_rows_buckets:
+            return super()._prefill_rows(rows)
+        tmax, rmax = self.prefill_len_buckets[-1], self.prefill_rows_buckets[-1]
+        fit = [i for i, r in enumerate(rows) if 0 < len(r.prompt_ids) <= tmax]
+        if len(fit) > rmax:  # several groups: similar lengths together
+            fit.sort(key=lambda i: len(rows[i].prompt_ids))
+        rest = [i for i, r in enumerate(rows) if not 0 < len(r.prompt_ids) <= tmax]
+        n = len(rows)
+        groups = [fit[k: k + rmax] for k in range(0, len(fit), rmax)]
+        out = None
+        if rest or len(groups) != 1 or fit != list(range(n)):
+            out = torch.empty(n, self.vocab_size, dtype=torch.float32, device=self.device)
+        if rest:
+            out[to_device_async(torch.tensor(rest), self.device)] = super()._prefill_rows([rows[i] for i in rest])
+        hall = self._pf_host.numpy()
+        W = self._pf_T
+        for gi, g in enumerate(groups):
+            lens = [len(rows[i].prompt_ids) for i in g]
+            t = next(x for x in self.prefill_len_buckets if x >= max(lens))
+            rb = next(x for x in self.prefill_rows_buckets if x >= len(g))
+            h = hall[gi * rmax: gi * rmax + rb]
+            h[:, :t] = 0
+            for b, i in enumerate(g):
+                h[b, :lens[b]] = rows[i].prompt_ids
+                h[b, W] = rows[i].lane
+                h[b, W + 1] = lens[b] - 1
+            h[len(g):rb] = h[0]
+            self._pf_in[:rb].copy_(self._pf_host[gi * rmax: gi * rmax + rb], non_blocking=self.is_cuda)
+            self._run(self._pf_graphs, (rb, t), lambda rb=rb, t=t: self._prefill_phase(rb, t))
+            if out is None:
+                out = self._pf_out[:n]  # one group holding every row, in order (valid until the next prefill)
+            elif len(g) == 1:
+                out[g[0]].copy_(self._pf_out[0])
+            else:
+                out[to_device_async(torch.tensor(g), self.device)] = self._pf_out[:len(g)]
+        for r in rows:
+            r.num_cached = len(r.prompt_ids)
+        return out
+
+    @staticmethod
+    def _needs_eager(rows: list[Request], drafts: dict[int, list[int]]) -> bool:
+        return any(drafts.get(r.lane) or r.sampling.presence_penalty or r.sampling.frequency_penalty
+                   for r in rows)
+
+    # ------------------------------------------------------------ Program API
+    @torch.inference_mode()
+    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
+                     deferred: Sequence = ()) -> torch.Tensor:
+        """Launch this step's forward (async on CUDA) and return ``[B, 1, V]`` float32 logits.
+
+        The returned tensor is a view of the static ``logits`` buffer, valid until the
+        next step. Speculative steps (host ``drafts`` or device-side ``deferred`` drafts, queued
+        behind the drafting kernels without a host sync) and penalised steps use the eager
+        :meth:`Program.forward_rows`; masks and verification then take the eager path too.
+        """
+        self._fwd_rows = None
+        self._step_mask_bytes = 0
+        self._eager_step = bool(deferred) or self._needs_eager(rows, drafts)
+        if self._eager_step:
+            return super().forward_rows(rows, drafts, deferred)
+        self._record("start")
+        self._sync_lane_params(rows)
+        b = len(rows)
+        h_t = self._i64_host[0]
+        h = h_t.numpy()
+        dec = [i for i, r in enumerate(rows) if not (r.num_cached == 0 and not r.output_ids)]
+        pre = [i for i, r in enumerate(rows) if r.num_cached == 0 and not r.output_ids]
+        nd = len(dec)
+        if nd:
+            bd = self._bucket_of(nd)
+            drows = [rows[i] for i in dec]
+            h[_FWD_IDS, :nd] = [r.output_ids[-1] for r in drows]
+            h[_FWD_LANES, :nd] = [r.lane for r in drows]
+            h[_FWD_POS, :nd] = [r.num_cached for r in drows]
+            h[_FWD_IDS, nd:bd] = h[_FWD_IDS, 0]
+            h[_FWD_LANES, nd:bd] = h[_FWD_LANES, 0]
+            h[_FWD_POS, nd:bd] = self.scratch_pos
+            ctx = self._ctx_of(max(r.num_cached for r in drows) + 1)
+        self._fill_finish_rows(h, rows, [r.constraint is not None for r in rows])
+        merge = bool(nd and pre) and dec != list(range(nd))
+        if merge:  # row i of the step <- row merge[i] of [decode logits; prefill logits]
+            h[_MERGE, dec] = np.arange(nd)
+            h[_MERGE, pre] = np.arange(nd, b)
+        self._i64.copy_(h_t, non_blocking=True)
+        if nd:
+            self._run(self._fwd_graphs, (bd, ctx), lambda: self._forward_phase(bd, ctx))
+        if pre:
+            pl = self._prefill_rows([rows[i] for i in pre])  # [np, V] float32, one batched prefill
+            if nd and not merge:  # decode rows first, then prefill rows: no reordering
+                self.logits[nd:b].copy_(pl)
+            elif nd:
+                full = torch.cat([self.logits[:nd], pl])
+                self.logits[:b].copy_(full.index_select(0, self._i64[_MERGE, :b]))
+            else:
+                self.logits[:b].copy_(pl)
+        self._record("fwd")
+        self._fwd_rows = list(rows)
+        self._num_prefill = len(pre)
+        return self.logits[:b].unsqueeze(1)
+
+    def stage_masks(self, ring, slot: int, rows: list[Request]):
+        """Start the upload of ring slot ``slot``'s bitmasks (one async copy on the compute stream).
+
+        Copies lanes ``0..max(constrained lane)`` of the slot's ``[L, K+1, W]`` uint32
+        region from the registered ring into :attr:`words` with ``cudaMemcpyAsync``.
+        Eager (speculative / penalised) steps use :meth:`Program.stage_masks`.
+
+        Returns:
+            ``(RingMask, None, nbytes)``.
+        """
+        if self._eager_step or self._fwd_rows is None:
+            return super().stage_masks(ring, slot, rows)
+        lanes = [r.lane for r in rows if r.constraint is not None]
+        n = max(lanes) + 1 if lanes else 0
+        geo = ring.geometry
+        nbytes = n * geo.num_positions * geo.num_words * 4
+        self._record("mask")
+        if n:
+            if self._registration is not None:
+                self._cu.memcpy_h2d_async(self.words.data_ptr(), ring.buffer_address() + ring.slot_bitmask_offset(slot),
+                                          nbytes, self._stream())
+            else:
+                src = torch.from_numpy(ring.bitmask(slot)[:n].view(np.int32))
+                if self._words_stage is not None:
+                    self._words_stage[:n].copy_(src)
+                    src = self._words_stage[:n]
+                self.words[:n].copy_(src, non_blocking=self.is_cuda)
+        self._step_mask_bytes = nbytes
+        return RingMask(nbytes), None, nbytes
+
+    @torch.inference_mode()
+    def sample_rows(self, rows: list[Request], logits: torch.Tensor, drafts: dict[int, list[int]],
+                    draft_q: dict, words, status: torch.Tensor | None,
+                    enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+        """Launch Finish, wait on the step's done event, return per-row ``(tokens, error)``.
+
+        ``rows`` may be a subset of the forward's rows (rows failed by the sidecar are
+        dropped by the engine); their logits are then gathered eagerly first.
+        ``words`` is the :class:`RingMask` from :meth:`stage_masks` or None (unmasked).
+        """
+        if self._eager_step or self._fwd_rows is None:
+            if isinstance(words, RingMask):  # cannot happen: stage_masks was eager too
+                raise RuntimeError("RingMask passed to an eager step")
+            return super().sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
+        b = len(rows)
+        fwd = self._fwd_rows
+        self._fwd_rows = None
+        masked = words is not None
+        if len(fwd) != b or any(x is not y for x, y in zip(fwd, rows)):
+            pos = {id(r): i for i, r in enumerate(fwd)}
+            idx = torch.tensor([pos[id(r)] for r in rows], device=self.device)
+            self.logits[:b].copy_(self.logits.index_select(0, idx))
+            h_t = self._i64_host[1]
+            en = enabled.tolist() if enabled is not None else [r.constraint is not None for r in rows]
+            self._fill_finish_rows(h_t.numpy(), rows, en)
+            self._i64[_FIN_LANES:_MERGE].copy_(h_t[_FIN_LANES:_MERGE], non_blocking=self.is_cuda)
+        if not masked:
+            self._record("mask")
+        filters = any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
+        bb = self._bucket_of(b)
+        self._run(self._fin_graphs, (bb, masked, filters), lambda: self._finish_phase(bb, masked, filters))
+        self._out_host[:, :b].copy_(self._out[:, :b], non_blocking=self.is_cuda)
+        if self.is_cuda:
+            done = self._events["done"]
+            done.record(self._stream())
+            done.synchronize()
+        toks, errs = self._out_host[0, :b].tolist(), self._out_host[1, :b].tolist()
+        if self.timing:
+            ev = self._events
+            self.step_timings.append(StepTiming(
+                batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
+                gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
+                mask_bytes=self._step_mask_bytes))
+        out = []
+        for r, t, e in zip(rows, toks, errs):
+            if r.output_ids:  # decode row: its input token is now in the KV cache
+                r.num_cached += 1
+            out.append(([], _row_error(e)) if e else ([int(t)], None))
+        return out

@@ -1,0 +1,271 @@
+"""Program: model forward, KV bookkeeping and masked sampling on the engine's device.
+
+The engine hands the Program this step's rows; the Program runs the
+forward (prefill rows batched, right-padded, under a token budget;
+decode/verify rows batched), and later samples every row with its bitmask (seed 000 §sampling: penalties → mask →
+top-k → temperature → min-p → top-p → draw). One host read-back per step.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gpu_engine.cuda.transfer import to_device_async  # noqa: F401 - re-exported for the executors
+from ninfer_common.errors import RowError, Status
+from gpu_engine.core.request import Request
+from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
+
+log = logging.getLogger("ninfer.program")
+
+PREFILL_CHUNK = 512  # prompt tokens of one row per prefill forward (long prompts run in chunks)
+PREFILL_TOKEN_BUDGET = 4096  # padded tokens (rows x longest piece) per batched prefill forward
+
+
+def _row_error(code: int) -> RowError:
+    if code == SAMPLE_ERR_EMPTY_MASK:
+        return RowError("ConstraintDeadEnd", "the constraint allows no token at this position", status=Status.FAILED_PRECONDITION)
+    if code == SAMPLE_ERR_NONFINITE:
+        return RowError("NonFiniteLogits", "the model produced non-finite logits", status=Status.INTERNAL)
+    return RowError("SamplingError", f"sampling error code {code}", status=Status.INTERNAL)
+
+
+class Program:
+    """Executes forward passes and sampling for the engine.
+
+    Args:
+        model: a :class:`gpu_engine.model.llama.LlamaModel` (owns the KV cache).
+        vocab_size: V, the logits width.
+        device: the model's device.
+    """
+
+    eos_ids: tuple[int, ...] = ()  # end-of-sequence ids; set by the Engine (speculative verify needs them)
+    prefill_token_budget: int = PREFILL_TOKEN_BUDGET  # padded tokens per batched prefill forward
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = device
+        self.max_lanes = model.max_lanes
+        self.max_seq_len = model.max_seq_len
+
+    def release_lane(self, lane: int) -> None:
+        """Forget a lane's KV (nothing to do: positions are overwritten by the next owner)."""
+
+    def close(self) -> None:
+        """Release device-side resources tied to the ring (nothing on the CPU). Call before the ring closes."""
+
+    def stage_masks(self, ring, slot: int, rows: list[Request]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """This step's bitmasks and statuses for ``rows``, read from ring slot ``slot``.
+
+        Args:
+            ring: the engine's :class:`shared_memory.ring.MaskRing` (slot already checked).
+            rows: the step's rows (lane order as given).
+
+        Returns:
+            ``words``: ``[B, K+1, W]`` int32 CPU (a copy, rows in ``rows`` order);
+            ``status``: ``[B, K+1]`` uint8 CPU; ``nbytes``: bytes of ``words`` (mask H2D volume).
+        """
+        lanes = [r.lane for r in rows]
+        words_np = ring.bitmask(slot)[lanes]  # [B, K+1, W] uint32 (copy: fancy indexing)
+        status_np = ring.status(slot)[lanes]  # [B, K+1] uint8
+        return torch.from_numpy(words_np.view(np.int32)), torch.from_numpy(status_np), words_np.nbytes
+
+    def _bucket(self, n: int) -> int:
+        from gpu_engine.model.llama import context_bucket
+
+        return context_bucket(n, self.max_seq_len)
+
+    @torch.inference_mode()
+    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
+                     deferred: Sequence = ()) -> torch.Tensor:
+        """Forward this step's rows.
+
+        Prefill rows (nothing cached yet) run their prompt (batched, :meth:`_prefill_rows`; sets
+        ``r.num_cached``); decode rows run ``[last token] + drafts``. Drafts come from the host
+        (``drafts``) or are still on the device (``deferred``, the draft-ready overlap): their ids
+        are scattered into the uploaded input on the device, so queueing this forward never waits
+        for them (on CUDA the inputs go up from pinned memory, ``non_blocking``).
+
+        Args:
+            rows: this step's rows.
+            drafts: lane -> host draft ids (e.g. n-gram rows).
+            deferred: :class:`gpu_engine.spec.drafters.DeviceDrafts` whose ``ids [b, kmax]`` int64 are
+                device tensors not yet read back (their lanes are not in ``drafts``); row ``i`` of
+                one has exactly ``ks[i]`` drafts (``-1`` padding).
+
+        Returns:
+            ``[B, T, V]`` float32 logits on the device, ``T = 1 + max drafts``; prefill rows fill
+            position 0 only (the prompt's last position), unused columns are 0 (finite placeholders).
+        """
+        dev = self.device
+        dmap: dict[int, tuple] = {}  # lane -> (DeviceDrafts, row index in it, k)
+        for dd in deferred:
+            for j, (r, k) in enumerate(zip(dd.rows, dd.ks)):
+                dmap[r.lane] = (dd, j, k)
+
+        def n_drafts(r: Request) -> int:
+            return dmap[r.lane][2] if r.lane in dmap else len(drafts.get(r.lane, ()))
+
+        T = 1 + max((n_drafts(r) for r in rows), default=0)
+        pre_idx = [i for i, r in enumerate(rows) if r.num_cached == 0 and not r.output_ids]
+        dec_idx = [i for i, r in enumerate(rows) if not (r.num_cached == 0 and not r.output_ids)]
+        # a padded row must not write past its lane's context: such rows run alone with their own T
+        groups: list[tuple[list[int], int]] = []
+        tight = [i for i in dec_idx if rows[i].num_cached + T > self.max_seq_len]
+        main = [i for i in dec_idx if rows[i].num_cached + T <= self.max_seq_len]
+        if main:
+            groups.append((main, T))
+        groups += [([i], 1 + n_drafts(rows[i])) for i in tight]
+        parts: list[tuple[list[int], torch.Tensor]] = []
+        for idx, t in groups:
+            grp = [rows[i] for i in idx]
+            ids = torch.zeros(len(grp), t, dtype=torch.int64)
+            for j, r in enumerate(grp):
+                seq = [r.output_ids[-1]] + ([] if r.lane in dmap else list(drafts.get(r.lane, ())))
+                ids[j, : len(seq)] = torch.tensor(seq)
+            lanes = torch.tensor([r.lane for r in grp], dtype=torch.int64)
+            start = torch.tensor([r.num_cached for r in grp], dtype=torch.int64)
+            ids_d = to_device_async(ids, self.device)
+            for dd in deferred:  # scatter device-side drafts into columns 1 .. k
+                pairs = [(j, dmap[r.lane][1]) for j, r in enumerate(grp) if r.lane in dmap and dmap[r.lane][0] is dd]
+                if not pairs:
+                    continue
+                kk = min(dd.ids.shape[1], t - 1)
+                src_rows = [b for _, b in pairs]
+                src = dd.ids if src_rows == list(range(dd.ids.shape[0])) else \
+                    dd.ids.index_select(0, to_device_async(torch.tensor(src_rows, dtype=torch.int64), self.device))
+                dst = to_device_async(torch.tensor([a for a, _ in pairs], dtype=torch.int64), self.device)
+                cols = torch.zeros(len(grp), t, dtype=torch.int64, device=dev)
+                cols[:, 1: 1 + kk].index_copy_(0, dst, src[:, :kk].clamp_min(0))  # -1 padding -> token 0 (ignored)
+                ids_d = ids_d + cols  # host zeros in those columns
+            ctx = self._bucket(max(r.num_cached for r in grp) + t)
+            lg = self.model.forward(ids_d, to_device_async(lanes, self.device), to_device_async(start, self.device), max_context=ctx)
+            parts.append((idx, lg.float()))
+        if not pre_idx and len(parts) == 1 and parts[0][0] == list(range(len(rows))):
+            return parts[0][1]  # the common case: all rows decode in one forward, in order
+        out = torch.zeros(len(rows), T, self.vocab_size, dtype=torch.float32, device=dev)
+        if pre_idx:
+            out[torch.tensor(pre_idx, device=dev), 0] = self._prefill_rows([rows[i] for i in pre_idx])
+        for idx, lg in parts:
+            if lg.shape[1] == T:
+                out.index_copy_(0, to_device_async(torch.tensor(idx, dtype=torch.int64), self.device), lg)
+            else:  # a tight row alone: columns past its drafts stay 0 (finite placeholders)
+                out[idx[0], : lg.shape[1]].copy_(lg[0])
+        return out
+
+    def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
+        """Prefill the prompts of ``rows`` together; returns ``[n, V]`` float32 last-position logits.
+
+        Rounds: in each round every unfinished row contributes its next piece of at most
+        ``PREFILL_CHUNK`` prompt tokens (long prompts take several rounds, in order).
+        A round's pieces are sorted by length and packed into forwards of ``m`` rows
+        right-padded to the longest piece ``T``, with ``m * T <= prefill_token_budget``
+        (a piece longer than the budget runs alone). Padding tokens (id 0) write KV at
+        positions past their row's piece: harmless, since causal attention by position
+        never reads a position before the row writes it again (the next piece or
+        decode token overwrites it first), and a row is never padded past the lane's
+        last position (it then runs in a forward of its own). Logits are computed only
+        at each row's last prompt position (``logit_index``). Sets ``r.num_cached``.
+        """
+        n = len(rows)
+        out = torch.empty(n, self.vocab_size, dtype=torch.float32, device=self.device)
+        budget = max(1, int(self.prefill_token_budget))
+        chunk = max(1, min(PREFILL_CHUNK, budget))
+        cap = self.model.max_seq_len  # physical positions per lane (padding may not go past it)
+        done = [0] * n
+        while True:
+            pieces = [(min(chunk, len(r.prompt_ids) - done[j]), j) for j, r in enumerate(rows)
+                      if done[j] < len(r.prompt_ids)]
+            if not pieces:
+                break
+            pieces.sort()
+            groups: list[list[tuple[int, int]]] = []
+            cur: list[tuple[int, int]] = []
+            for ln, j in pieces:  # ascending length: ln is the padded length T if added
+                if cur and ((len(cur) + 1) * ln > budget or any(done[k] + ln > cap for _, k in cur)):
+                    groups.append(cur)
+                    cur = []
+                cur.append((ln, j))
+            groups.append(cur)
+            for g in groups:
+                T = g[-1][0]
+                # ids | lane | start | logit index, packed: one (pinned, non-blocking) H2D copy
+                pk = torch.zeros(len(g), T + 3, dtype=torch.int64)
+                for b, (ln, j) in enumerate(g):
+                    pk[b, :ln] = torch.tensor(rows[j].prompt_ids[done[j]: done[j] + ln])
+                    pk[b, T:] = torch.tensor([rows[j].lane, done[j], ln - 1])
+                ctx = self._prefill_ctx(max(done[j] for _, j in g) + T)
+                dev = self.device
+                d = to_device_async(pk, dev)
+                if all(ln == T for ln, _ in g):
+                    lg = self.model.forward(d[:, :T], d[:, T], d[:, T + 1], max_context=ctx, last_only=True)
+                else:
+                    lg = self.model.forward(d[:, :T], d[:, T], d[:, T + 1], max_context=ctx, logit_index=d[:, T + 2])
+                for b, (ln, j) in enumerate(g):
+                    done[j] += ln
+                last = [b for b, (_, j) in enumerate(g) if done[j] == len(rows[j].prompt_ids)]
+                if len(last) == len(g) == n and all(g[b][1] == b for b in last):
+                    out = lg[:, -1].float()  # one forward held every row, in order
+                elif last:
+                    sel = to_device_async(torch.tensor([g[b][1] for b in last]), dev)
+                    out[sel] = lg[to_device_async(torch.tensor(last), dev), -1].float()
+        for r in rows:
+            r.num_cached = len(r.prompt_ids)
+        return out
+
+    def _prefill_ctx(self, n: int) -> int:
+        from gpu_engine.model.llama import context_bucket
+
+        return context_bucket(n, self.model.max_seq_len)
+
+    def sampling_tensors(self, rows: list[Request]) -> SamplingTensors:
+        """Per-row sampling parameters as device tensors (``[B]`` each)."""
+        sp = [r.sampling for r in rows]
+        counts = None
+        if any(s.presence_penalty or s.frequency_penalty for s in sp):
+            counts = torch.zeros(len(rows), self.vocab_size, dtype=torch.int32)
+            for i, r in enumerate(rows):
+                if r.output_ids:
+                    counts[i].index_add_(0, torch.tensor(r.output_ids), torch.ones(len(r.output_ids), dtype=torch.int32))
+        return SamplingTensors.make(
+            len(rows), temperature=[s.temperature for s in sp], top_k=[s.top_k for s in sp],
+            top_p=[s.top_p for s in sp], min_p=[s.min_p for s in sp],
+            presence_penalty=[s.presence_penalty for s in sp], frequency_penalty=[s.frequency_penalty for s in sp],
+            seed=[s.seed for s in sp], output_counts=counts, device=self.device)
+
+    @torch.inference_mode()
+    def sample_rows(self, rows: list[Request], logits: torch.Tensor, drafts: dict[int, list[int]],
+                    draft_q: dict, words: torch.Tensor | None, status: torch.Tensor | None,
+                    enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+        """Sample (or verify drafts for) every row.
+
+        Args:
+            logits: ``[B, T, V]`` float32 from :meth:`forward_rows`.
+            words: ``[B, K+1, W]`` int32 bitmask (CPU, from the ring) or None for a pure
+                unconstrained step.
+            status: ``[B, K+1]`` uint8 per-position statuses or None.
+            enabled: ``[B]`` bool, rows whose mask applies.
+
+        Returns:
+            Per row: the committed tokens of this step and an error (or None).
+            Updates ``r.num_cached`` for decode rows (input token + accepted drafts).
+        """
+        st = self.sampling_tensors(rows)
+        if any(drafts.get(r.lane) for r in rows):
+            from gpu_engine.spec.step import verify_rows
+
+            return verify_rows(self, rows, logits, drafts, draft_q, words, status, enabled, st)
+        w0 = None if words is None else words[:, 0].to(self.device, non_blocking=True)
+        en = None if enabled is None else enabled.to(self.device, non_blocking=True)
+        positions = torch.tensor([len(r.output_ids) for r in rows], dtype=torch.int64, device=self.device)
+        tokens, err = sample(logits[:, 0], st, w0, en, positions)
+        tokens, err = tokens.tolist(), err.tolist()
+        out = []
+        for r, t, e in zip(rows, tokens, err):
+            if r.output_ids:  # decode row: its input token is now in the KV cache
+                r.num_cached += 1
+            out.append(([], _row_error(e)) if e else ([int(t)], None))
+        return out

@@ -1,0 +1,298 @@
+"""Supervision of the constraint sidecar and the client side of its API.
+
+The engine starts ``python -m constraint_service`` as a child process on a
+unix socket, registers its vocabulary and mask ring, and keeps one ``Step``
+stream open. If the sidecar dies, every in-flight constrained request fails
+with ``ConstraintServiceUnavailable`` (nothing else is lost), and the
+sidecar is restarted for the next request.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ninfer.constraint.v1 import constraint_pb2 as pb
+from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
+from ninfer_common.grpc_status import detail_from_rpc_error
+from ninfer_common.telemetry import instrument_channel
+
+from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
+from gpu_engine.core.request import CacheStatus
+from gpu_engine.model.vocab import TokenVocabulary
+
+log = logging.getLogger("ninfer.engine.sidecar")
+
+_CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
+          pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
+
+
+@dataclass
+class PrepareInfo:
+    """Result of preparing a constrained request.
+
+    Attributes:
+        cache: the compile-cache outcome.
+        prepare_seconds: seconds spent in the sidecar's Prepare.
+        generation: sidecar generation the session lives in (bumped on restart).
+    """
+
+    cache: CacheStatus
+    prepare_seconds: float
+    generation: int
+
+
+@dataclass
+class StepRow:
+    """One constrained row of a step (plain values; converted at the edge)."""
+
+    request_id: str
+    row: int
+    commit_tokens: list[int]
+    draft_tokens: list[int]
+    close: bool = False  # commit ``commit_tokens``, then end the session (no masks are written)
+
+
+class RowStatus(enum.Enum):
+    """Per-row outcome of a Step. A dead end is not one: the ring's status byte reports it."""
+
+    OK = "ok"
+    INTEGRITY_ERROR = "integrity"
+
+
+@dataclass
+class StepRowResult:
+    """Per-row answer of a Step (``status``: :class:`RowStatus`; ``error`` set when not OK)."""
+
+    request_id: str
+    row: int
+    status: RowStatus
+    complete: bool
+    terminated: bool
+    error: str
+    mask_positions: int = 0  # closing rows: bitmask positions computed over the request's life
+
+
+_ROW_STATUS = {pb.ROW_STATUS_OK: RowStatus.OK, pb.ROW_STATUS_INTEGRITY_ERROR: RowStatus.INTEGRITY_ERROR}
+
+# GIL switch interval of the engine process while a Step stream is open. A Step message is put
+# on a queue and sent by gRPC's request-consumer thread, which needs the GIL; with CPython's
+# default 5 ms interval the engine thread (launching the forward, building inputs) keeps it so
+# long that the message leaves only when the engine blocks in ``recv_step`` — the sidecar then
+# starts late and its work is exposed. 0.5 ms lets the message go out while the forward is
+# launched (measured: answer ready 0.09 ms after 3 ms of engine work instead of 1.2 ms / 7.5 ms max).
+STEP_SWITCH_INTERVAL_S = 0.0005
+
+
+def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
+    """(kind, message, location) from a sidecar error's ``ConstraintErrorDetail`` (plain status text if none)."""
+    det = detail_from_rpc_error(err, pb.ConstraintErrorDetail)
+    if det is None or det.kind not in ErrorKind.__members__.values():
+        return ErrorKind.CONSTRAINT_ERROR, (det.message if det is not None else "") or err.details() or str(err), ""
+    return ErrorKind(det.kind), det.message, det.location
+
+
+class SidecarUnavailable(Exception):
+    """The sidecar process is gone or not answering."""
+
+
+class Sidecar:
+    """Owns the sidecar process, its channel and the Step stream.
+
+    Args:
+        socket_path: unix socket path for the sidecar.
+        vocab: the model's token domain to register.
+        ring_info: ``AttachRingRequest`` fields (name, byte_size, num_slots,
+            num_lanes, num_positions, num_words).
+        extra_args: extra command-line arguments for the sidecar.
+    """
+
+    def __init__(self, socket_path: str, vocab: TokenVocabulary, ring_info: dict, extra_args: list[str] | None = None,
+                 startup_timeout_s: float = 60.0) -> None:
+        self.socket_path = socket_path
+        self.vocab = vocab
+        self.ring_info = ring_info
+        self.extra_args = list(extra_args or [])
+        self.startup_timeout_s = startup_timeout_s
+        self.generation = 0
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.ConstraintServiceStub | None = None
+        self._step_q: queue.Queue | None = None
+        self._step_responses: Iterator[pb.StepResponse] | None = None
+        self.restarts = 0
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start (or restart) the sidecar and register vocabulary and ring.
+
+        Raises:
+            SidecarUnavailable: it did not become healthy within the timeout.
+        """
+        with self._lock:
+            self._stop_locked()
+            cmd = [sys.executable, "-m", "constraint_service", "--socket", self.socket_path,
+                   "--parent-pid", str(os.getpid()), *self.extra_args]
+            self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            channel = grpc.insecure_channel(f"unix://{self.socket_path}",
+                                            options=[("grpc.max_send_message_length", 64 << 20)])
+            channel = instrument_channel(channel)
+            deadline = time.monotonic() + self.startup_timeout_s
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self._proc.poll() is not None:
+                    raise SidecarUnavailable(f"sidecar exited with code {self._proc.returncode} during start-up")
+                try:
+                    r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SidecarUnavailable("sidecar did not become healthy in time")
+                time.sleep(0.05)
+            stub = pb_grpc.ConstraintServiceStub(channel)
+            v = self.vocab
+            stub.RegisterVocabulary(pb.RegisterVocabularyRequest(
+                vocab_size=v.vocab_size, token_bytes=list(v.token_bytes), special_ids=sorted(v.special_ids),
+                eos_ids=list(v.eos_ids)), timeout=60)
+            stub.AttachRing(pb.AttachRingRequest(**self.ring_info), timeout=30)
+            self._channel, self._stub = channel, stub
+            self._step_q = queue.Queue()
+            q = self._step_q
+            self._step_responses = stub.Step(iter(q.get, None))
+            self.generation += 1
+            if sys.getswitchinterval() > STEP_SWITCH_INTERVAL_S:
+                sys.setswitchinterval(STEP_SWITCH_INTERVAL_S)
+
+    def _stop_locked(self) -> None:
+        if self._step_q is not None:
+            self._step_q.put(None)
+            self._step_q = None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        self._stub = None
+        self._step_responses = None
+
+    def stop(self) -> None:
+        """Stop the sidecar process (SIGTERM, then SIGKILL after 5 s)."""
+        with self._lock:
+            self._stop_locked()
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the sidecar process, or None."""
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        """True while the sidecar process runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def ensure_started(self) -> None:
+        """Restart the sidecar if its process died."""
+        with self._lock:
+            if not self.alive():
+                self.restarts += 1
+                log.warning("constraint sidecar is not running; restarting (restart #%d)", self.restarts)
+                self.start()
+
+    # ------------------------------------------------------------------- RPCs
+    def prepare(self, request_id: str, kind: str, source: str, choices: list[str], prefix: bytes) -> PrepareInfo:
+        """Compile the constraint and create the request's output session.
+
+        Raises:
+            RequestError: the constraint is invalid (kind/location from the sidecar),
+                or the sidecar is unavailable (code UNAVAILABLE).
+        """
+        for attempt in range(2):
+            try:
+                self.ensure_started()
+                stub, gen = self._stub, self.generation
+                r = stub.Prepare(pb.PrepareRequest(request_id=request_id, prefix=prefix,
+                                                   constraint=pb.Constraint(kind=kind, source=source, choices=choices)))
+                return PrepareInfo(_CACHE.get(r.cache, CacheStatus.BUILT), r.prepare_seconds, gen)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    k, m, loc = _detail_from_error(e)
+                    raise RequestError(k, m, loc) from None
+                if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    raise RequestError("InvalidRequest", f"request_id {request_id!r} is already in use by a "
+                                       "running request") from None
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    if attempt == 0:
+                        continue
+                    raise RequestError("ConstraintServiceUnavailable", f"constraint sidecar unavailable: "
+                                       f"{e.details()}", status=Status.UNAVAILABLE) from None
+                raise RequestError("ConstraintServiceError", f"constraint sidecar failed: {e.code().name}: "
+                                   f"{e.details()}", status=Status.INTERNAL) from None
+            except SidecarUnavailable as e:
+                raise RequestError("ConstraintServiceUnavailable", str(e), status=Status.UNAVAILABLE) from None
+        raise AssertionError("unreachable")
+
+    def close(self, request_id: str, final_tokens: list[int], generation: int) -> tuple[bool, bool, int, str]:
+        """End a session with a blocking ``Close`` RPC: returns ``(complete, terminated, mask_positions, error)``.
+
+        For tools and benches (``bench/mask_bench.py``); the engine never blocks on it: it
+        closes sessions on the Step stream (:class:`StepRow` with ``close``).
+
+        Raises:
+            RowError: the sidecar died (the session is gone).
+        """
+        if generation != self.generation or self._stub is None:
+            raise RowError("ConstraintServiceUnavailable", "the constraint sidecar restarted; session lost",
+                           status=Status.UNAVAILABLE)
+        try:
+            r = self._stub.Close(pb.CloseRequest(request_id=request_id, final_tokens=final_tokens), timeout=30)
+        except grpc.RpcError as e:
+            raise RowError("ConstraintServiceUnavailable", f"Close failed: {e.code().name}", status=Status.UNAVAILABLE) from None
+        return r.complete, r.terminated, r.mask_positions, r.error
+
+    def send_step(self, step_seq: int, slot: int, rows: list[StepRow]) -> None:
+        """Send one Step message (non-blocking)."""
+        if self._step_q is None:
+            raise SidecarUnavailable("no Step stream")
+        msg = pb.StepRequest(step_seq=step_seq, slot=slot)
+        add = msg.rows.add  # in place: ~2.5x faster than building RowStep messages and copying them
+        for r in rows:
+            if r.draft_tokens:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, draft_tokens=r.draft_tokens)
+            elif r.close:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, close=True)
+            else:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens)
+        self._step_q.put(msg)
+
+    def recv_step(self, step_seq: int) -> tuple[list[StepRowResult], float]:
+        """Wait for the answer to ``step_seq``: per-row results and sidecar work seconds.
+
+        Raises:
+            SidecarUnavailable: the stream broke (sidecar died) or answered out of order.
+        """
+        try:
+            r = next(self._step_responses)  # type: ignore[arg-type]
+        except (grpc.RpcError, StopIteration, TypeError) as e:
+            raise SidecarUnavailable(f"Step stream broke: {e}") from None
+        if r.step_seq != step_seq:
+            raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
+        return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,
+                              x.error, x.mask_positions) for x in r.rows], r.work_seconds

@@ -1,0 +1,213 @@
+"""Engine-side glue of a speculative step: per-row tensors → :func:`speculative.verify` → commits.
+
+The engine's ``_step_rows`` ran ``[last token] + drafts`` for every decode row
+(``T = 1 + max drafts``) and collected the sidecar's lookahead masks
+(``K_ring + 1`` positions per lane). :func:`verify_rows` turns that into the
+padded tensors :func:`gpu_engine.spec.verify.verify` takes, verifies the rows
+that have drafts, samples position 0 of the rows that have none (ordinary
+masked sampling with :attr:`Purpose.SAMPLE`, so a request's random stream does
+not depend on whether a neighbour speculates), and maps the result to the
+engine's per-row ``(tokens, RowError | None)``.
+
+Acceptance math: Leviathan et al. 2023 (Alg. 1, Thm. 1), Chen et al. 2023
+(Alg. 2), seed 000 §8 (target-only constraint, p/q, residual, a/b/x). Position
+``i``'s target uses committed prefix + ``drafts[:i]`` for logits (the verify
+forward), the bitmask (sidecar lookahead row ``i``) and penalties
+(``speculative._position_counts`` adds ``drafts[:i]`` to ``st.output_counts``).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+
+from ninfer_common.errors import RowError, Status
+from gpu_engine.core.request import Request
+from gpu_engine.sample.sampler import SAMPLE_OK, SamplingTensors, sample
+from gpu_engine.spec.verify import (
+    STATUS_READY,
+    STATUS_UNCONSTRAINED,
+    STATUS_UNREACHABLE,
+    VERIFY_ERR_DEAD_END,
+    VERIFY_ERR_EMPTY_MASK,
+    VERIFY_ERR_NONFINITE,
+    VERIFY_ERR_UNREACHABLE,
+    VERIFY_OK,
+    verify,
+)
+
+__all__ = ["verify_rows", "verify_error", "select_rows"]
+
+
+def verify_error(code: int) -> RowError:
+    """The :class:`RowError` for a ``VERIFY_*`` / ``SAMPLE_*`` code (``code != 0``)."""
+    if code in (VERIFY_ERR_DEAD_END, VERIFY_ERR_EMPTY_MASK):
+        return RowError("ConstraintDeadEnd", "the constraint allows no token after the accepted prefix", status=Status.FAILED_PRECONDITION)
+    if code == VERIFY_ERR_NONFINITE:
+        return RowError("NonFiniteLogits", "the model produced non-finite logits", status=Status.INTERNAL)
+    if code == VERIFY_ERR_UNREACHABLE:
+        return RowError("IntegrityError", "verification reached a lookahead position the sidecar marked "
+                        "UNREACHABLE (expected READY or DEAD_END)", status=Status.INTERNAL)
+    return RowError("SamplingError", f"verify error code {code}", status=Status.INTERNAL)
+
+
+def select_rows(st: SamplingTensors, idx: torch.Tensor) -> SamplingTensors:
+    """Rows ``idx`` (``[n]`` int64, st's device) of ``st``; ``use_filters`` is kept (always safe)."""
+    kw = {f.name: getattr(st, f.name) for f in fields(st) if f.name != "use_filters"}
+    kw = {n: (None if t is None else t.index_select(0, idx)) for n, t in kw.items()}
+    return SamplingTensors(**kw, use_filters=st.use_filters)
+
+
+@torch.inference_mode()
+def verify_rows(
+    program,
+    rows: list[Request],
+    logits: torch.Tensor,
+    drafts: dict[int, list[int]],
+    draft_q: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    words: torch.Tensor | None,
+    status: torch.Tensor | None,
+    enabled: torch.Tensor | None,
+    st: SamplingTensors,
+) -> list[tuple[list[int], RowError | None]]:
+    """Verify (or sample) every row of a speculative step and update ``num_cached``.
+
+    Args:
+        program: the engine's program; ``program.device`` and ``program.eos_ids``
+            (tuple of ints, set by the engine) are read.
+        rows: this step's live rows (``B``), in the order of ``logits``.
+        logits: ``[B, T, V]`` float32 from ``forward_rows``; column ``i`` of a decode
+            row is the target after prefix + ``drafts[:i]``. Prefill rows and rows
+            with ``n < T - 1`` drafts only have meaningful columns ``0 .. n``.
+        drafts: lane → draft ids (absent or ``[]`` = none; at most ``T - 1``).
+        draft_q: lane → ``(q_ids [n, S] int64, q_probs [n, S] float32)`` for rows whose
+            drafter has a sparse ``q``; rows not in it have a one-hot ``q``.
+        words: ``[B, P, W]`` int32 lookahead bitmasks (CPU, ring copy; ``P = K_ring + 1
+            >= T``) or None when no row is constrained.
+        status: ``[B, P]`` uint8 statuses (READY / DEAD_END / UNREACHABLE), or None (then
+            every position of an enabled row is READY). Positions past a row's drafts are
+            stale ring content: ignored here.
+        enabled: ``[B]`` bool, constrained rows (their masks apply), or None (all rows, when
+            ``words`` is given).
+        st: sampling parameters of ``rows`` (``[B]``; ``output_counts`` ``[B, V]`` of
+            the committed output, or None when no row has penalties).
+
+    Returns:
+        Per row ``(tokens, error)``: the committed tokens of this step — accepted
+        drafts, then the correction / bonus unless an accepted EOS draft ended the
+        row — or ``([], RowError)`` (a reached DEAD_END is ``ConstraintDeadEnd`` /
+        ``FAILED_PRECONDITION``; zero tokens are committed). For decode rows
+        ``r.num_cached`` grows by ``1 + accepted drafts`` (input token + accepted
+        drafts now have valid KV; on error by 1, the row ends anyway).
+    """
+    dev = logits.device
+    b = len(rows)
+    nd = [len(drafts.get(r.lane, ())) for r in rows]
+    spec_idx = [i for i in range(b) if nd[i] > 0]
+    plain_idx = [i for i in range(b) if nd[i] == 0]
+    codes = [VERIFY_OK] * b
+    toks_out: list[list[int]] = [[] for _ in range(b)]
+    n_acc = [0] * b
+    en_host = None
+    if words is not None:
+        p = words.shape[1]
+        en_host = torch.ones(b, dtype=torch.bool) if enabled is None else enabled.to("cpu", torch.bool)
+        if status is None:  # no per-position statuses: every enabled position holds a mask
+            status = torch.full((b, p), STATUS_READY, dtype=torch.uint8)
+        status = status.to("cpu")
+
+    # ---- rows without drafts: ordinary masked sampling at position 0 ---------
+    pending = []  # (idx list, tensors to read back)
+    if plain_idx:
+        sel = torch.tensor(plain_idx, dtype=torch.int64)
+        sel_d = sel.to(dev)
+        w0 = en0 = None
+        if words is not None:
+            w0 = words.index_select(0, sel)[:, 0].to(dev, non_blocking=True)
+            en0 = en_host.index_select(0, sel).to(dev, non_blocking=True)
+        positions = torch.tensor([len(rows[i].output_ids) for i in plain_idx], dtype=torch.int64, device=dev)
+        tok, err = sample(logits.index_select(0, sel_d)[:, 0], select_rows(st, sel_d), w0, en0, positions)
+        pending.append(("plain", plain_idx, tok, err, None))
+
+    # ---- rows with drafts: verify ----------------------------------------------
+    if spec_idx:
+        k = max(nd[i] for i in spec_idx)
+        n = len(spec_idx)
+        sel = torch.tensor(spec_idx, dtype=torch.int64)
+        sel_d = sel.to(dev)
+        draft_ids = torch.zeros(n, k, dtype=torch.int64)
+        for j, i in enumerate(spec_idx):
+            draft_ids[j, : nd[i]] = torch.tensor(drafts[rows[i].lane], dtype=torch.int64)
+        num_drafts = torch.tensor([nd[i] for i in spec_idx], dtype=torch.int32)
+        q = _sparse_q([rows[i] for i in spec_idx], [nd[i] for i in spec_idx], draft_ids, draft_q, dev)
+        w = stat = None
+        if words is not None:
+            w, stat = _lookahead_masks(words, status, en_host, sel, num_drafts, k, dev)
+        eos = torch.tensor(tuple(getattr(program, "eos_ids", ())), dtype=torch.int64, device=dev)
+        positions = torch.tensor([len(rows[i].output_ids) for i in spec_idx], dtype=torch.int64, device=dev)
+        res = verify(logits.index_select(0, sel_d)[:, : k + 1], draft_ids.to(dev), select_rows(st, sel_d), w, stat,
+                     q, num_drafts.to(dev), eos, positions)
+        pending.append(("spec", spec_idx, res.tokens, res.err, (res.num_tokens, res.num_accepted_drafts)))
+
+    _read_back(pending, codes, toks_out, n_acc)  # one read-back
+
+    out: list[tuple[list[int], RowError | None]] = []
+    for i, r in enumerate(rows):
+        if r.output_ids:  # decode row: the input token and the accepted drafts now have valid KV
+            r.num_cached += 1 + n_acc[i]
+        out.append(([], verify_error(codes[i])) if codes[i] else (toks_out[i], None))
+    return out
+
+
+def _sparse_q(rows: list[Request], nd: list[int], draft_ids: torch.Tensor, draft_q: dict,
+              dev: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The drafts' q in sparse form ``(q_ids [n, K, S] int64 (-1 = unused), q_probs [n, K, S] float32)``,
+    or None when every drafter is one-hot; one-hot rows get ``(draft, 1.0)`` (same acceptance and residual)."""
+    if not any(r.lane in draft_q for r in rows):
+        return None
+    n, k = draft_ids.shape
+    s = max(draft_q[r.lane][0].shape[-1] for r in rows if r.lane in draft_q)
+    q_ids = torch.full((n, k, s), -1, dtype=torch.int64, device=dev)
+    q_probs = torch.zeros(n, k, s, dtype=torch.float32, device=dev)
+    for j, (r, m) in enumerate(zip(rows, nd)):
+        if r.lane in draft_q:
+            qi, qp = draft_q[r.lane]
+            q_ids[j, :m, : qi.shape[-1]] = qi[:m].to(dev)
+            q_probs[j, :m, : qi.shape[-1]] = qp[:m].to(dev, torch.float32)
+        else:
+            q_ids[j, :m, 0] = draft_ids[j, :m].to(dev)
+            q_probs[j, :m, 0] = 1.0
+    return q_ids, q_probs
+
+
+def _lookahead_masks(words: torch.Tensor, status: torch.Tensor, en_host: torch.Tensor, sel: torch.Tensor,
+                     num_drafts: torch.Tensor, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``K + 1`` lookahead bitmasks ``[n, K+1, W]`` int32 and statuses ``[n, K+1]`` uint8 of rows ``sel``
+    on ``dev``: columns past a row's drafts (stale ring content) become UNREACHABLE, unconstrained rows
+    UNCONSTRAINED."""
+    stat = status.index_select(0, sel)[:, : k + 1].to(torch.int64)  # [n, K+1] CPU
+    en = en_host.index_select(0, sel)
+    beyond = torch.arange(k + 1).unsqueeze(0) > num_drafts.to(torch.int64).unsqueeze(-1)
+    stat = torch.where(beyond, STATUS_UNREACHABLE, stat)
+    stat = torch.where(en.unsqueeze(-1), stat, STATUS_UNCONSTRAINED)
+    w = words.index_select(0, sel)[:, : k + 1].to(dev, non_blocking=True)
+    return w, stat.to(torch.uint8).to(dev, non_blocking=True)
+
+
+def _read_back(pending: list, codes: list[int], toks_out: list[list[int]], n_acc: list[int]) -> None:
+    """Copy the step's sampled / verified tokens and codes to the host (one ``.tolist()`` per group)."""
+    for kind, idx, tok, err, extra in pending:
+        if kind == "plain":
+            packed = torch.stack([tok, err.to(torch.int64)], dim=1).cpu().tolist()
+            for i, (t, e) in zip(idx, packed):
+                codes[i] = int(e)
+                toks_out[i] = [] if e != SAMPLE_OK else [int(t)]
+        else:
+            ntok, nacc = extra
+            packed = torch.cat([tok, ntok.to(torch.int64).unsqueeze(1), nacc.to(torch.int64).unsqueeze(1),
+                                err.to(torch.int64).unsqueeze(1)], dim=1).cpu().tolist()
+            for i, row in zip(idx, packed):
+                m, a, e = row[-3], row[-2], row[-1]
+                codes[i] = int(e)
+                toks_out[i] = [int(t) for t in row[:m]] if e == VERIFY_OK else []
+                n_acc[i] = int(a) if e == VERIFY_OK else 0

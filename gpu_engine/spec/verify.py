@@ -1,0 +1,250 @@
+"""Speculative verification with a target-only constraint.
+
+Rejection sampling of Leviathan et al. 2023 ("Fast Inference from
+Transformers via Speculative Decoding", Alg. 1 / Thm. 1) and Chen et al. 2023
+("Accelerating Large Language Model Decoding with Speculative Sampling",
+Alg. 2), with the constraint applied to the target only (seed 000 §8,
+DESIGN.md "Speculative"):
+
+* ``p_i`` is the *masked, processed* target distribution at verify position
+  ``i`` (:func:`gpu_engine.sample.sampler.target_probs` with the bitmask of position
+  ``i``, which the sidecar computed for prefix + ``drafts[:i]``, and with
+  penalty counts that include ``drafts[:i]``).
+* ``q_i`` is the real proposal distribution that produced draft ``d_i``:
+  one-hot (greedy MTP / DFlash drafters) or sparse with ``S`` candidates
+  (DFlash2). It is never edited at verification time.
+* Accept ``d_i`` with probability ``min(1, p_i(d_i) / q_i(d_i))`` (``= p_i(d_i)``
+  for one-hot ``q``). On the first rejection emit a draw from the residual
+  ``norm(max(p_i - q_i, 0))`` (one-hot ``q``: ``p_i`` with ``d_i`` removed) and
+  stop. If all ``num_drafts`` drafts are accepted, emit a bonus draw from
+  ``p_{num_drafts}``.
+* An illegal draft has ``p_i(d_i) = 0``: it is rejected the ordinary way and
+  the residual still subtracts its ``q``. It is never dropped and replaced by
+  a bonus draw (seed §8 a/b/x: ``p(a)=p(b)=.5, p(x)=0, q(a)=q(x)=.5`` must give
+  ``a = b = 0.5``, not ``0.75 / 0.25``).
+* Greedy rows (temperature 0): ``p_i`` is the one-hot legal argmax (ties to
+  the smaller id), so ``d_i`` is accepted iff it equals the legal argmax and
+  the correction is the legal argmax — never the unconstrained argmax.
+* An accepted EOS draft ends the row there; later columns are not emitted.
+* The position where the next token is drawn (first rejection, or the bonus
+  position) decides row failure: status ``DEAD_END`` there ⇒
+  ``VERIFY_ERR_DEAD_END``, ``UNREACHABLE`` ⇒ ``VERIFY_ERR_UNREACHABLE``
+  (integrity bug upstream), a sampling error there ⇒ that code. A failed row
+  emits zero tokens. A DEAD_END behind an earlier rejection is never reached
+  and is harmless. Every earlier position ``i`` accepted its draft, which
+  needs ``p_i(d_i) > 0`` and hence a healthy ``p_i``, so checking the draw
+  position alone is exact.
+
+Randomness (``gpu_engine.sample.rng``): the accept test of verify column ``i`` uses
+``Purpose.SPEC_ACCEPT`` at output position ``positions + i``; the final draw
+uses ``Purpose.SPEC_RESIDUAL`` (after a rejection) or ``Purpose.BONUS`` at the
+output position of the emitted token.
+
+All tensor code, static shapes, no host syncs: CUDA-graph friendly on any device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Per-position status bytes (docs/INTERNALS.md, seed §mask states): the ring layout's, one definition.
+from shared_memory.layout import STATUS_DEAD_END, STATUS_READY, STATUS_UNCONSTRAINED, STATUS_UNREACHABLE
+
+from gpu_engine.sample.rng import Purpose, uniform
+from gpu_engine.sample.sampler import (
+    SAMPLE_ERR_EMPTY_MASK,
+    SAMPLE_ERR_NONFINITE,
+    SAMPLE_OK,
+    SamplingTensors,
+    draw,
+    target_probs,
+)
+
+__all__ = [
+    "STATUS_UNCONSTRAINED",
+    "STATUS_READY",
+    "STATUS_DEAD_END",
+    "STATUS_UNREACHABLE",
+    "VERIFY_OK",
+    "VERIFY_ERR_EMPTY_MASK",
+    "VERIFY_ERR_NONFINITE",
+    "VERIFY_ERR_DEAD_END",
+    "VERIFY_ERR_UNREACHABLE",
+    "VerifyResult",
+    "verify",
+]
+
+
+# Per-row verify error codes; 1 and 2 are the sampling codes.
+VERIFY_OK = SAMPLE_OK
+VERIFY_ERR_EMPTY_MASK = SAMPLE_ERR_EMPTY_MASK  # READY position with an empty mask
+VERIFY_ERR_NONFINITE = SAMPLE_ERR_NONFINITE    # non-finite target logits where the draw happens
+VERIFY_ERR_DEAD_END = 3                        # the verified path reached a DEAD_END position
+VERIFY_ERR_UNREACHABLE = 4                     # the path reached an UNREACHABLE position (integrity bug)
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verify step, all on the logits' device.
+
+    Fields:
+        tokens: ``[B, K+1]`` int64 emitted tokens in order (accepted drafts,
+            then the correction / bonus unless an EOS draft ended the row),
+            padded with ``-1``; all ``-1`` on error rows.
+        num_tokens: ``[B]`` int32 emitted tokens (0 on error rows).
+        num_accepted_drafts: ``[B]`` int32 accepted drafts among them.
+        err: ``[B]`` int32 ``VERIFY_*`` code.
+    """
+
+    tokens: torch.Tensor
+    num_tokens: torch.Tensor
+    num_accepted_drafts: torch.Tensor
+    err: torch.Tensor
+
+
+def _position_counts(counts: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Penalty counts of each verify position: ``counts + onehot(drafts[:i])``.
+
+    counts ``[B, V]`` int32, drafts ``[B, K]`` int64, valid ``[B, K]`` bool →
+    ``[B * (K+1), V]`` int32 (seed §speculative: position ``i`` uses the
+    penalty history of prefix + ``drafts[:i]``).
+    """
+    b, k = drafts.shape
+    v = counts.shape[-1]
+    hist = torch.zeros(b, k + 1, v, dtype=counts.dtype, device=counts.device)
+    ids = torch.where(valid, drafts, 0).unsqueeze(-1)  # [B, K, 1]
+    hist[:, 1:].scatter_add_(-1, ids, valid.unsqueeze(-1).to(counts.dtype))
+    hist = hist.cumsum(1, dtype=counts.dtype) + counts.unsqueeze(1)
+    return hist.flatten(0, 1)
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_ids: torch.Tensor,
+    st: SamplingTensors,
+    words: torch.Tensor | None,
+    status: torch.Tensor | None,
+    draft_q: tuple[torch.Tensor, torch.Tensor] | None,
+    num_drafts: torch.Tensor,
+    eos_ids: torch.Tensor,
+    positions: torch.Tensor,
+) -> VerifyResult:
+    """Verify ``K`` drafts per row against the target and emit the accepted tokens.
+
+    Args:
+        target_logits: ``[B, K+1, V]`` float; column ``i`` is the target's
+            logits after prefix + ``drafts[:i]``.
+        draft_ids: ``[B, K]`` int64 proposals (entries past ``num_drafts`` ignored).
+        st: per-row sampling parameters (``[B]``; ``st.output_counts`` ``[B, V]``
+            counts the committed output, drafts are added per position here).
+        words: ``[B, K+1, W]`` int32 lookahead bitmasks, or ``None`` for a pure
+            unconstrained batch (no mask work; ``status`` ignored).
+        status: ``[B, K+1]`` uint8/int status per position
+            (``STATUS_UNCONSTRAINED`` = row not constrained, words not read;
+            ``READY``; ``DEAD_END``; ``UNREACHABLE``). The words of DEAD_END /
+            UNREACHABLE positions are ignored (treated as an empty mask), so a
+            placeholder never yields NaNs. Required when ``words`` is given.
+        draft_q: ``None`` for one-hot proposals, or ``(q_ids [B, K, S] int64,
+            q_probs [B, K, S] float)``: the sparse proposal distribution of each
+            draft (renormalised over its ``S`` candidates; ids ``< 0`` = padding).
+        num_drafts: ``[B]`` int32, drafts actually proposed per row (``0..K``).
+        eos_ids: ``[E]`` int64 end-of-sequence ids (``E`` may be 0).
+        positions: ``[B]`` int64 output position of the first verified token.
+
+    Returns:
+        :class:`VerifyResult`.
+    """
+    b, kp1, v = target_logits.shape
+    k = kp1 - 1
+    dev = target_logits.device
+    col = torch.arange(kp1, device=dev)
+    num_drafts = num_drafts.to(torch.int64).clamp(0, k)
+    valid = col[:k].unsqueeze(0) < num_drafts.unsqueeze(-1)  # [B, K]
+    drafts = torch.where(valid, draft_ids.to(torch.int64), 0).clamp(0, v - 1)
+
+    # ---- p for every verify position, [B, K+1, V] ----------------------------
+    counts = None
+    if st.output_counts is not None:
+        counts = _position_counts(st.output_counts, drafts, valid)
+    st_rows = st.repeat_rows(kp1, output_counts=counts)
+    flat_words = flat_enabled = None
+    if words is not None:
+        if status is None:
+            raise ValueError("status is required when words are given")
+        status = status.to(torch.int64)
+        ready = status == STATUS_READY
+        flat_words = torch.where(ready.unsqueeze(-1), words, 0).flatten(0, 1)
+        flat_enabled = (status != STATUS_UNCONSTRAINED).flatten()
+    else:
+        status = torch.zeros(b, kp1, dtype=torch.int64, device=dev)
+    p, perr = target_probs(target_logits.flatten(0, 1), st_rows, flat_words, flat_enabled)
+    p = p.view(b, kp1, v)
+    perr = perr.view(b, kp1)
+
+    # ---- q(d_i) and acceptance ---------------------------------------------
+    p_d = p[:, :k].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    if draft_q is None:
+        q_d = torch.ones_like(p_d)
+    else:
+        q_ids, q_probs = draft_q
+        q_ids = q_ids.to(torch.int64)
+        q_probs = torch.where(q_ids >= 0, q_probs.to(torch.float32), 0.0)
+        q_d = (q_probs * (q_ids == drafts.unsqueeze(-1))).sum(-1)
+    # min(1, p/q); p(d) = 0 (illegal or error position) ⇒ 0; q(d) = 0 < p(d) ⇒ 1.
+    accept_prob = torch.where(p_d >= q_d, 1.0, p_d / q_d.clamp_min(torch.finfo(q_d.dtype).tiny))
+    accept_prob = torch.where(p_d > 0, accept_prob, 0.0)
+    pos_cols = positions.to(torch.int64).unsqueeze(-1) + col  # [B, K+1] output positions
+    u = uniform(st.seed.unsqueeze(-1), pos_cols[:, :k], Purpose.SPEC_ACCEPT)
+    accepted = (u < accept_prob) & valid
+    n_acc = torch.cumprod(accepted.to(torch.int64), dim=1).sum(1)  # leading accepted drafts
+
+    # ---- EOS among accepted drafts ends the row ------------------------------
+    is_eos = (drafts.unsqueeze(-1) == eos_ids.to(torch.int64)).any(-1) & valid  # [B, K]
+    n_before_eos = torch.cumprod((~is_eos).to(torch.int64), dim=1).sum(1)
+    eos_end = n_before_eos < n_acc
+    n_acc = torch.where(eos_end, n_before_eos + 1, n_acc)
+
+    # ---- correction (residual) or bonus draw at column s = n_acc -------------
+    s = n_acc  # [B]; meaningful when not eos_end
+    rejected = s < num_drafts
+    p_s = p.gather(1, s.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B, V]
+    if k > 0:
+        s_d = s.clamp_max(k - 1).unsqueeze(-1)
+        if draft_q is None:
+            d_s = drafts.gather(1, s_d)  # [B, 1]
+            resid = p_s.scatter(-1, d_s, 0.0)  # max(p - e_d, 0)
+        else:
+            ids_s = q_ids.gather(1, s_d.unsqueeze(-1).expand(b, 1, q_ids.shape[-1])).squeeze(1)
+            pr_s = q_probs.gather(1, s_d.unsqueeze(-1).expand(b, 1, q_ids.shape[-1])).squeeze(1)
+            q_s = torch.zeros_like(p_s).scatter_add_(-1, ids_s.clamp_min(0), pr_s)
+            resid = (p_s - q_s).clamp_min(0.0)
+        # p == q up to rounding leaves no residual mass: fall back to p.
+        resid = torch.where((resid.sum(-1, keepdim=True) > 0), resid, p_s)
+        weights = torch.where(rejected.unsqueeze(-1), resid, p_s)
+    else:
+        weights = p_s
+    purpose = torch.where(rejected, int(Purpose.SPEC_RESIDUAL), int(Purpose.BONUS))
+    drawn = draw(weights, st.seed, positions.to(torch.int64) + s, purpose)
+
+    # ---- errors at the draw position ---------------------------------------
+    status_s = status.gather(1, s.clamp_max(k).unsqueeze(-1)).squeeze(-1)
+    perr_s = perr.gather(1, s.clamp_max(k).unsqueeze(-1)).squeeze(-1).to(torch.int64)
+    err = torch.where(
+        status_s == STATUS_DEAD_END,
+        VERIFY_ERR_DEAD_END,
+        torch.where(status_s == STATUS_UNREACHABLE, VERIFY_ERR_UNREACHABLE, perr_s),
+    )
+    err = torch.where(eos_end, VERIFY_OK, err)
+    ok = err == VERIFY_OK
+
+    # ---- assemble [B, K+1] padded output ----------------------------------------
+    ext = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
+    n_acc_c = n_acc.unsqueeze(-1)
+    tokens = torch.where(col < n_acc_c, ext, -1)
+    tokens = torch.where((col == n_acc_c) & ~eos_end.unsqueeze(-1), drawn.unsqueeze(-1), tokens)
+    tokens = torch.where(ok.unsqueeze(-1), tokens, -1)
+    num_tokens = torch.where(eos_end, n_acc, n_acc + 1)
+    num_tokens = torch.where(ok, num_tokens, 0).to(torch.int32)
+    num_accepted = torch.where(ok, n_acc, 0).to(torch.int32)
+    return VerifyResult(tokens, num_tokens, num_accepted, err.to(torch.int32))
