@@ -269,14 +269,30 @@ def test_close_with_live_view_defers_unmap(ring_name):
     assert not _mapped(ring_name)
 
 
-def test_create_replaces_existing_segment_old_mapping_survives(ring_name):
-    old = MaskRing.create(ring_name, RingGeometry(2, 1, 1, 64))
+def test_create_refuses_a_ring_whose_creator_is_alive(ring_name):
+    """Issue 14 (1): a second server must not replace a live server's ring as "stale"."""
+    old = MaskRing.create(ring_name, RingGeometry(2, 1, 1, 64))  # creator: this (live) process
     old.bitmask(0)[...] = 9
-    with MaskRing.create(ring_name, GEOMETRY) as new:
-        assert old.bitmask(0)[0, 0, 0] == 9  # the kernel keeps the unlinked memory for its mappers
-        assert not new.bitmask(0).any()
-        assert MaskRing.attach(ring_name).geometry == GEOMETRY
+    with pytest.raises(RingError, match=f"belongs to the live process {os.getpid()}"):
+        MaskRing.create(ring_name, GEOMETRY)
+    assert MaskRing.attach(ring_name).geometry == RingGeometry(2, 1, 1, 64)  # untouched
+    assert old.bitmask(0)[0, 0, 0] == 9
     old.close()
+    old.unlink()  # the owner removes it; the name is free again
+    with MaskRing.create(ring_name, GEOMETRY) as new:
+        assert not new.bitmask(0).any()
+
+
+def test_create_refuses_a_segment_it_cannot_prove_stale(ring_name):
+    seg = posix_ipc.SharedMemory("/" + ring_name, posix_ipc.O_CREX, mode=0o600, size=8192)
+    os.pwrite(seg.fd, b"not a ring header", 0)
+    seg.close_fd()
+    try:
+        with pytest.raises(RingError, match="not a readable NInfer ring"):
+            MaskRing.create(ring_name, GEOMETRY)
+        assert (SHM_DIR / ring_name).exists()
+    finally:
+        posix_ipc.unlink_shared_memory("/" + ring_name)
 
 
 # ---------------------------------------------------------------- attach validation
