@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from shared_memory import (
     last_word_mask,
     remove_segment,
 )
+from shared_memory.layout import HEADER_STRUCT_BYTES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("_ring_child.py")
@@ -384,3 +386,21 @@ def test_invalid_names(bad):
         MaskRing.create(bad, GEOMETRY)
     with pytest.raises(RingError, match="ring name"):
         remove_segment(bad)
+
+
+def test_create_removes_a_ring_whose_creator_pid_was_reused(ring_name):
+    """A restarted container's engine often gets the dead engine's pid (pid 1): a process that
+    started after the segment was made cannot be its creator, so the ring is stale and replaced."""
+    import subprocess as sp
+
+    old = MaskRing.create(ring_name, GEOMETRY)  # ctime = now; writes through the mapping keep it
+    time.sleep(0.3)
+    child = sp.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live pid, started later
+    try:
+        old._mmap[:HEADER_STRUCT_BYTES] = RingHeader.for_geometry(GEOMETRY, creator_pid=child.pid).pack()
+        with MaskRing.create(ring_name, GEOMETRY) as new:  # not refused: the child is not the creator
+            assert RingHeader.unpack(new._mmap[:HEADER_STRUCT_BYTES]).creator_pid == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+        old.close()
