@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-queued-requests", type=int, default=64,
                     help="admitted requests that may wait for a lane; past it Generate answers RESOURCE_EXHAUSTED "
                          "with a retry hint (default 64)")
+    ap.add_argument("--sidecar-socket", default="", metavar="PATH",
+                    help="use the constraint sidecar already listening on this unix socket (e.g. a Kubernetes "
+                         "sidecar container running `python -m constraint_service --socket PATH`) instead of "
+                         "starting one; it must run under the same uid")
     ap.add_argument("--tls-cert", default="", metavar="PEM", help="serve TLS with this certificate chain")
     ap.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
     ap.add_argument("--tls-client-ca", default="", metavar="PEM",
@@ -87,7 +91,8 @@ def build_stack(args: argparse.Namespace):
                      num_positions=geo.num_positions, num_words=geo.num_words)
     # The socket lives in a fresh private (0700) directory the Sidecar creates: no other user can place
     # or reach a socket there, and the Sidecar checks the peer's credentials before trusting it.
-    sidecar = Sidecar(None, vocab, ring_info, extra_args=[
+    sidecar = Sidecar(args.sidecar_socket or None, vocab, ring_info, external=bool(args.sidecar_socket),
+                      extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads)])
     from gpu_engine.executor import make_program
