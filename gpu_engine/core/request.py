@@ -152,6 +152,7 @@ class Request:
     accepted_draft_tokens: int = 0
     finished: bool = False
     detok: Any = None  # IncrementalDetokenizer, set at admission
+    submitted_s: float = 0.0  # time.monotonic() when the engine received it (queue-wait metric)
 
     def cancel(self) -> None:
         """Ask the engine to stop this request (takes effect at the next step)."""
