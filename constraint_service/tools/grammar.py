@@ -184,4 +184,29 @@ def build_output_ebnf(rules: OutputRules, policy: ToolPolicy, *, thinking: bool,
     return "\n".join([f"root ::= {top}", *em.rules]) + "\n" + BASE_RULES
 
 
-__all__ = ["build_output_ebnf", "excluding", "thinking_prefix_ebnf", "ConstraintError"]
+def policy_from_spec(spec: dict) -> ToolPolicy:
+    """Rebuilds the :class:`ToolPolicy` of :meth:`ninfer_common.frontends.plan.OutputPlan.grammar_spec`
+    (the wrapper facts the engine sends with Prepare)."""
+    callable_ = tuple(ToolDef(name=t["name"], parameters=t.get("parameters"), strict=bool(t["strict"]),
+                              index=int(t.get("index", i))) for i, t in enumerate(spec.get("tools", ())))
+    declared = int(spec.get("declared", len(callable_)))
+    tools = callable_ + tuple(ToolDef(name=f"_declared_{i}", index=i) for i in range(len(callable_), declared))
+    return ToolPolicy(tools=tools, callable=callable_, min_calls=int(spec.get("min_calls", 0)),
+                      max_calls=spec.get("max_calls"), content_allowed=bool(spec.get("content_allowed", True)),
+                      constrained=bool(spec.get("constrained", True)), body_kind=spec.get("body_kind"))
+
+
+def build_from_spec(spec: dict, body_source: str | None = None) -> str:
+    """:func:`build_output_ebnf` from a plan's ``grammar_spec()`` dict.
+
+    Raises:
+        ConstraintError, ValueError: as :func:`build_output_ebnf`; KeyError for an unknown family.
+    """
+    from ninfer_common.frontends.rules import rules_for
+
+    return build_output_ebnf(rules_for(spec["family"]), policy_from_spec(spec), thinking=bool(spec.get("thinking")),
+                             body_source=body_source)
+
+
+__all__ = ["build_from_spec", "build_output_ebnf", "excluding", "policy_from_spec", "thinking_prefix_ebnf",
+           "ConstraintError"]

@@ -438,3 +438,17 @@ def test_body_schema_errors_point_into_the_body():
     with pytest.raises(ConstraintError) as ei:
         build_output_ebnf(mod.rules, pol, thinking=False, body_source='{"type": "object", "minProperties": 1}')
     assert ei.value.location == "/minProperties"
+
+
+@pytest.mark.parametrize("choice", [ToolChoice("auto"), ToolChoice("none"), ToolChoice("required", ("lookup",), False)])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_grammar_from_the_plan_spec_equals_the_direct_build(family, choice):
+    import json as _json
+
+    from constraint_service.tools import build_from_spec
+    from ninfer_common.frontends.plan import ThinkingRequest, plan_output
+
+    rules = rules_for(family)
+    plan = plan_output(rules, parse_tools([LOOKUP, SEARCH]), choice, ThinkingRequest(True), "json_object")
+    spec = _json.loads(plan.grammar_key())
+    assert build_from_spec(spec) == build_output_ebnf(rules, plan.policy, thinking=True)

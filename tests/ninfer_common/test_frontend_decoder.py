@@ -196,3 +196,53 @@ def test_param_encodings():
                                      "d": {"type": ["string", "null"]}, "e": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}}])[0]
     assert param_encodings(t) == {"a": RAW, "b": RAW, "c": JSON, "d": JSON, "e": JSON}
     assert ambiguous_params(t) == ["d"]
+
+
+# ---- output plan -------------------------------------------------------------------------------
+
+from ninfer_common.frontends.plan import ReasoningBudget, ThinkingRequest, plan_output  # noqa: E402
+
+
+@pytest.mark.parametrize("kwargs,loc", [
+    (dict(rules=SMOLLM2, thinking=ThinkingRequest(True)), "/thinking"),
+    (dict(rules=SMOLLM2, thinking=ThinkingRequest(None, 10)), "/thinking"),
+    (dict(rules=QWEN3, thinking=ThinkingRequest(False, 10)), "/thinking/budget_tokens"),
+    (dict(rules=QWEN3, thinking=ThinkingRequest(True), continue_final=True), "/thinking/enabled"),
+    (dict(rules=QWEN3, tools=TOOLS, is_chat=False), "/tools"),
+    (dict(rules=QWEN3, thinking=ThinkingRequest(True), is_chat=False), "/thinking"),
+])
+def test_plan_rejections(kwargs, loc):
+    args = dict(tools=(), choice=None, thinking=None)
+    args.update(kwargs)
+    rules = args.pop("rules")
+    with pytest.raises(FrontendError) as ei:
+        plan_output(rules, args.pop("tools"), args.pop("choice"), args.pop("thinking"), **args)
+    assert ei.value.location == loc and ei.value.kind == "InvalidRequest"
+    if rules is SMOLLM2:
+        assert "SmolLM2" in ei.value.message
+
+
+def test_plan_defaults_and_decoder():
+    p = plan_output(QWEN3, TOOLS, None, None)
+    assert p.thinking and p.wrapped and p.constrained
+    assert plan_output(QWEN3, (), None, None, continue_final=True).thinking is False  # continuation: closed
+    s = plan_output(SMOLLM2, (), None, None)
+    assert not s.thinking and not s.constrained
+    d = p.new_decoder()
+    d.feed(("r" + CANONICAL_THINK_CLOSE + json_call("search", {"q": "a"})).encode())
+    assert d.finish()[1].tool_calls[0].name == "search"
+    key = json.loads(p.grammar_key())
+    assert key["tools"][0]["parameters"]["required"] == ["city", "days"] and key["tools"][1]["parameters"] is None
+
+
+def test_reasoning_budget():
+    b = ReasoningBudget(3)
+    b.on_commit(2, True)
+    assert not b.must_close() and b.remaining() == 1
+    b.on_commit(2, True)
+    assert b.must_close() and b.remaining() == 0
+    b.closed()
+    assert not b.must_close()
+    b2 = ReasoningBudget(5)
+    b2.on_commit(1, False)  # natural close before the budget ran out
+    assert not b2.must_close() and b2.remaining() == 0
