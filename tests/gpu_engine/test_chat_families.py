@@ -60,3 +60,23 @@ def test_past_calls_render_in_the_decoded_wire_format(family):
     _, res = dec.finish()
     assert [json.loads(c.arguments_json) for c in res.tool_calls] == [args, {"city": "Rome", "days": 1}]
     assert res.content == "" and "sunny" in p
+
+
+def test_real_smollm2_template_gets_tools_in_the_system_prompt():
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ.get("NINFER_CACHE_DIR", Path.home() / ".cache" / "ninfer" / "models")) / \
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.skip("SmolLM2 GGUF not downloaded")
+    from gpu_engine.model.gguf_file import GGUFFile
+    from gpu_engine.model.loader import _gguf_tokenizer_and_chat
+
+    tok, template = _gguf_tokenizer_and_chat(GGUFFile(path), None)
+    assert "tools" not in template.source  # the GGUF template has no tool section
+    fc = FamilyChat(SMOLLM2, template)
+    p = fc.render([{"role": "user", "content": "Weather in Oslo?"}], TOOLS)
+    assert p.startswith("<|im_start|>system\nYou are an expert in composing functions.")
+    assert '<tools>[{"name": "lookup", "description": "weather"' in p
+    assert p.endswith("<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n")
