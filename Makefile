@@ -1,6 +1,6 @@
 # NInfer — two commands do all set-up:
 #   make serve   venv + install + model fetch (once, with a progress bar) + serve on 127.0.0.1:50051
-#   make test    venv + install + model fetch + the test suite
+#   make test    venv + install + model fetch + the import contracts (lint-imports) + the test suite
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -22,7 +22,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.model: $(VENV)/.installed
-	$(BIN)/python -m gpu_engine.model.fetch
+	$(BIN)/python -m gpu_engine.hub.fetch
 	touch $@
 
 setup: $(VENV)/.model
@@ -31,6 +31,7 @@ serve: setup
 	$(BIN)/ninfer serve $(SERVE_ARGS)
 
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench-cpu: setup

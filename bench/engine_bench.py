@@ -94,9 +94,9 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started)."""
     import torch
 
-    from gpu_engine.engine import Engine, ring_geometry
+    from gpu_engine.engine.loop import Engine, ring_geometry
     from gpu_engine.model.loader import load_model
-    from gpu_engine.sidecar import Sidecar
+    from gpu_engine.sidecar.client import Sidecar
     from shared_memory.ring import MaskRing
 
     loaded = load_model(model, device=device, max_lanes=max_lanes, max_seq_len=max_seq_len,
@@ -110,13 +110,13 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
                       extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
-        from gpu_engine.cuda_program import CudaProgram
+        from gpu_engine.executor.cuda_graph import CudaProgram
 
         program = CudaProgram(loaded.model, vocab.vocab_size, loaded.model.device, ring,
                               use_graphs=cuda_graphs != "off", graph_context=graph_context,
                               prefill_graphs=prefill_graphs)
     else:
-        from gpu_engine.program import Program
+        from gpu_engine.executor.eager import Program
 
         program = Program(loaded.model, vocab.vocab_size, loaded.model.device)
     capture_s = time.perf_counter() - t0
@@ -127,7 +127,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
 
 
 def _bench_engine_class():
-    from gpu_engine.engine import Engine
+    from gpu_engine.engine.loop import Engine
 
     class _BenchEngine(Engine):
         """Engine whose unconstrained rows ignore EOS (fixed output length); benchmark only."""
@@ -158,7 +158,7 @@ class Workload:
         self.n = 0
 
     def constraint(self):
-        from gpu_engine.request import ConstraintRef
+        from gpu_engine.core.request import ConstraintRef
 
         if self.variant == "none":
             return None
@@ -170,7 +170,7 @@ class Workload:
 
     def make(self, max_tokens: int | None = None):
         """A prepared :class:`Request` and its submit time (taken before Prepare)."""
-        from gpu_engine.request import Request, SamplingOptions
+        from gpu_engine.core.request import Request, SamplingOptions
 
         t0 = time.perf_counter()
         c = self.constraint()
@@ -187,7 +187,7 @@ class Workload:
 
 def _request_latencies(req, t0):
     """(ttft_s, [itl_s], finish) from a finished request's stamped events."""
-    from gpu_engine.request import Delta, Finish
+    from gpu_engine.core.request import Delta, Finish
 
     token_times = [t for t, ev in req.events.times if isinstance(ev, Delta) and ev.token_ids]
     fin = next((ev for _, ev in req.events.times if isinstance(ev, Finish)), None)
@@ -308,7 +308,7 @@ def micro(prog, batches: list[int]) -> list[dict]:
     """CUDA-event timings of the phases (graph replays), per batch bucket."""
     import torch
 
-    from gpu_engine.cuda_program import _FIN_ENABLED, _FIN_LANES, _FWD_LANES, _FWD_POS
+    from gpu_engine.executor.cuda_graph import _FIN_ENABLED, _FIN_LANES, _FWD_LANES, _FWD_POS
 
     s = torch.cuda.current_stream()
 

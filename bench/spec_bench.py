@@ -98,7 +98,7 @@ def _message(prompt: str, constrained: bool, method: str, k: int, max_tokens: in
 
 
 def _wait(req):
-    from gpu_engine.request import Finish
+    from gpu_engine.core.request import Finish
 
     while True:
         ev = req.events.get(timeout=3600)
@@ -108,7 +108,7 @@ def _wait(req):
 
 def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature) -> dict:
     """Submit ``b`` requests at once, wait for all; engine stats are reset first."""
-    from gpu_engine.engine import EngineStats
+    from gpu_engine.engine.loop import EngineStats
 
     reqs = [svc.build_request(_message(PROMPTS[i % len(PROMPTS)], constrained, method, k, max_tokens, temperature,
                                        1000 + i)) for i in range(b)]
@@ -150,8 +150,8 @@ def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature
 def run(args) -> dict:
     import torch
 
-    from gpu_engine.serve import build_parser, build_stack
-    from gpu_engine.server import GenerationServicer
+    from gpu_engine.api.serve import build_parser, build_stack
+    from gpu_engine.api.servicer import GenerationServicer
 
     if args.device == "cpu" and args.threads:
         torch.set_num_threads(args.threads)

@@ -24,8 +24,6 @@ from .errors import (
     ServerUnavailable,
     error_detail_from_rpc_error,
     exception_from_rpc_error,
-    make_error_detail,
-    make_rpc_status,
 )
 
 __all__ = [
@@ -46,6 +44,4 @@ __all__ = [
     "default_target",
     "error_detail_from_rpc_error",
     "exception_from_rpc_error",
-    "make_error_detail",
-    "make_rpc_status",
 ]

@@ -2,7 +2,6 @@
 
 Subcommands::
 
-    ninfer serve ...           start sidecar + engine (forwarded to gpu_engine.serve.serve_main)
     ninfer generate [PROMPT]   generate text (optionally constrained), streaming
     ninfer count-tokens [PROMPT]
     ninfer health
@@ -10,6 +9,10 @@ Subcommands::
 Exit codes: 0 success; 2 rejected request (bad arguments, or the server
 refused the request before queueing); 1 any other failure (server
 unreachable, runtime error, cancellation).
+
+Server-side subcommands (``ninfer serve``) are not here: the ``ninfer`` console
+script is :mod:`ninfer_cli`, which dispatches them and hands every other
+command to :func:`main`. This module imports only the client library.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from .client import GenerationResult, NInferClient, default_target
 from .errors import NInferError, RequestRejected, format_error
@@ -45,17 +48,19 @@ def _add_input(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, metavar="TEXT", help="system message (with --chat)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the ``ninfer`` argument parser."""
+def build_parser(extra_commands: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """Builds the ``ninfer`` argument parser.
+
+    Args:
+        extra_commands: ``{name: help}`` of subcommands another dispatcher runs
+            (``serve``); listed in ``--help`` only.
+    """
     parser = argparse.ArgumentParser(prog="ninfer", description="NInfer: LLM serving with grammar-constrained decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    sub.add_parser(
-        "serve",
-        help="start the constraint sidecar and the engine (see `ninfer serve --help`)",
-        add_help=False,
-    )
+    for name, help_text in (extra_commands or {}).items():
+        sub.add_parser(name, help=help_text, add_help=False)
 
     g = sub.add_parser("generate", help="generate text")
     _add_input(g)
@@ -281,28 +286,20 @@ def _cmd_health(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK if status == "SERVING" else EXIT_FAILURE
 
 
-def _cmd_serve(argv: list[str], err: TextIO) -> int:
-    try:
-        from gpu_engine.serve import serve_main  # lazy: the client does not need torch
-    except ImportError as e:
-        print(f"error: cannot start the server ({e}); install the full `ninfer` package", file=err)
-        return EXIT_FAILURE
-    rc = serve_main(list(argv))
-    return int(rc or 0)
-
-
 def main(
     argv: Sequence[str] | None = None,
     *,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     stdin: TextIO | None = None,
+    extra_commands: Mapping[str, str] | None = None,
 ) -> int:
-    """Runs the ``ninfer`` CLI.
+    """Runs the client commands of the ``ninfer`` CLI.
 
     Args:
         argv: arguments without the program name (default ``sys.argv[1:]``).
         stdout, stderr, stdin: streams (default the ``sys`` ones, looked up at call time).
+        extra_commands: ``{name: help}`` of commands dispatched elsewhere, for ``--help``.
     Returns:
         The exit code: 0 success, 2 rejected request / usage error,
         1 other failure.
@@ -312,10 +309,7 @@ def main(
     err = stderr if stderr is not None else sys.stderr
     inp = stdin if stdin is not None else sys.stdin
 
-    if argv and argv[0] == "serve":
-        return _cmd_serve(argv[1:], err)
-
-    parser = build_parser()
+    parser = build_parser(extra_commands)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # usage errors (2) and --help (0)

@@ -1,21 +1,16 @@
-"""Structured NInfer errors, shared by the client and the servers.
+"""Structured NInfer errors as the client library sees them.
 
 Servers reject a request before it is queued by aborting the RPC with a
 non-OK status whose ``grpc-status-details-bin`` trailer holds a
-``google.rpc.Status`` with one packed ``ninfer.v1.ErrorDetail``::
-
-    context.abort_with_status(make_rpc_status(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        ErrorDetail(kind="InvalidGrammar", message="...", location="1:7")))
-
-The client turns such an RPC error back into an exception with
-:func:`exception_from_rpc_error`.
+``google.rpc.Status`` with one packed ``ninfer.v1.ErrorDetail`` (built by the
+servers with ``ninfer_common.grpc_status``). The client turns such an RPC error
+back into an exception with :func:`exception_from_rpc_error`; this module only
+decodes (it depends on the generated stubs, never on server code).
 """
 
 from __future__ import annotations
 
 import grpc
-from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
 from ninfer.v1 import generation_pb2
@@ -111,57 +106,6 @@ def format_error(error: dict) -> str:
     return f"{kind} at {loc}: {msg}" if loc else f"{kind}: {msg}"
 
 
-def make_error_detail(code: grpc.StatusCode | str, kind: str, message: str, location: str = "") -> ErrorDetail:
-    """Builds a ``ninfer.v1.ErrorDetail``.
-
-    Args:
-        code: gRPC status (enum or its name).
-        kind: machine-readable kind.
-        message: human-readable message.
-        location: ``"line:col"``, JSON Pointer or ``""``.
-    Returns:
-        The ``ErrorDetail`` message.
-    """
-    name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-    return ErrorDetail(code=name, kind=kind, message=message, location=location)
-
-
-def make_rpc_status(code: grpc.StatusCode, detail: ErrorDetail, message: str | None = None) -> grpc.Status:
-    """Builds a ``grpc.Status`` carrying ``detail`` in the rich-error trailer.
-
-    Usable by any server: ``context.abort_with_status(make_rpc_status(...))``
-    (sync) or ``await context.abort_with_status(...)`` (asyncio).
-
-    Args:
-        code: the gRPC status code (must not be OK).
-        detail: the ``ErrorDetail`` to pack; its ``code`` field is filled with
-            ``code.name`` when empty (the given message is not modified).
-        message: the status message; defaults to ``detail.message``.
-    Returns:
-        A ``grpc.Status`` with ``code``, ``details`` and ``trailing_metadata``.
-    Raises:
-        ValueError: if ``code`` is OK.
-    """
-    if code == grpc.StatusCode.OK:
-        raise ValueError("make_rpc_status needs a non-OK status code")
-    if not detail.code:
-        filled = ErrorDetail()
-        filled.CopyFrom(detail)
-        filled.code = code.name
-        detail = filled
-    packed = any_pb2.Any()
-    packed.Pack(detail)
-    rich = status_pb2.Status(
-        code=code.value[0],
-        message=detail.message if message is None else message,
-        details=[packed],
-    )
-    # Imported lazily: grpc_status is only needed by servers and rich-error decoding.
-    from grpc_status import rpc_status
-
-    return rpc_status.to_status(rich)
-
-
 def _rich_status(err: grpc.RpcError) -> status_pb2.Status | None:
     """The ``google.rpc.Status`` in ``err``'s trailer, or None."""
     try:
@@ -251,6 +195,4 @@ __all__ = [
     "error_detail_from_rpc_error",
     "exception_from_rpc_error",
     "format_error",
-    "make_error_detail",
-    "make_rpc_status",
 ]

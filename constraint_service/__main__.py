@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
-from ninfer.telemetry import server_interceptors, setup_tracing
+from ninfer_common.telemetry import server_interceptors, setup_tracing
 
 from .server import ConstraintServicer, SidecarOptions
 

@@ -33,52 +33,35 @@ Seed 000 §编译与缓存, issue 3 "Compilation and cache":
   nesting too deep ...) are remembered per key (bounded LRU) so a repeated
   pathological request fails fast; ``CompileTimeout`` is never remembered --
   it depends on load.
-* Source size caps: :data:`MAX_SOURCE_BYTES` (1 MiB, the public server's cap)
-  for grammar/regex/schema text and for the total bytes of a choice list,
-  :data:`MAX_CHOICE_OPTION_BYTES` per choice option.
-* Unexpected exceptions while validating or converting user input (e.g.
+* Everything kind-specific (canonical forms, size caps, converters, error
+  kinds, compile options) is the kind's entry in ``registry.py``; the grammar
+  library is reached only through ``backend`` (xgrammar today).  Unexpected
+  exceptions while validating or converting user input (e.g.
   ``RecursionError`` for a regex nested 300 deep) become a ``ConstraintError``
-  of the constraint's kind ("nesting too deep (...)"), never a server fault.
-* The vocabulary index (``TokenizerInfo``) is built lazily on the first cold
+  of the kind's error kind ("nesting too deep (...)"), never a server fault.
+* The vocabulary index (the backend) is built lazily on the first cold
   compile, once, under a lock; unconstrained workloads never pay for it.
-
-``json_object`` is a fixed grammar (:data:`JSON_OBJECT_EBNF`): any JSON
-object text as JSON allows it (RFC 8259 values, escapes, numbers), root must
-be an object with no whitespace before ``{`` or after the final ``}``, and
-every whitespace run between tokens is at most :data:`JSON_OBJECT_MAX_WS`
-characters so a model cannot loop forever on blanks.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from .backend import CompiledConstraint, XGrammarBackend
-from .choice import choice_to_ebnf, normalize_choices
+from .backend import Backend, CompiledConstraint, XGrammarBackend
 from .errors import ConstraintError
-from .gbnf import parse_gbnf
-from .types import CONSTRAINT_KINDS, CompileInfo, ConstraintSpec
+from .registry import kind_entry, user_input_error
+from .types import CacheStatus, CompileInfo, ConstraintKind, ConstraintSpec
 from .vocab import Vocabulary
 
-__all__ = ["CompileStats", "ConstraintCompiler", "JSON_OBJECT_EBNF", "JSON_OBJECT_MAX_WS",
-           "MAX_CHOICE_OPTION_BYTES", "MAX_SOURCE_BYTES", "SMALL_SOURCE_BYTES", "canonical_json"]
+__all__ = ["CompileStats", "ConstraintCompiler", "SMALL_SOURCE_BYTES"]
 
-#: Largest grammar / regex / schema source and largest total choice list, UTF-8 bytes.
-MAX_SOURCE_BYTES = 1 << 20
-#: Largest single choice option, UTF-8 bytes.
-MAX_CHOICE_OPTION_BYTES = 64 << 10
 #: Sources up to this size are admitted while the abandoned-compile pool is full.
 SMALL_SOURCE_BYTES = 16 << 10
-
-#: ConstraintError kind for a malformed source, per constraint kind.
-_INVALID_KIND = {"grammar": "InvalidGrammar", "regex": "InvalidRegex", "choice": "InvalidChoice",
-                 "json_schema": "InvalidSchema", "json_object": "InvalidGrammar"}
 
 
 def _lower_priority(native_id: int) -> None:
@@ -97,106 +80,9 @@ def _lower_priority(native_id: int) -> None:
         pass
 
 
-def _user_input_error(kind: str, exc: BaseException) -> ConstraintError:
-    """Map an unexpected exception raised while handling user input to a request error."""
-    ek = _INVALID_KIND.get(kind, "InvalidGrammar")
-    if isinstance(exc, RecursionError):
-        return ConstraintError(ek, f"nesting too deep (the {kind} source exceeds the supported nesting depth)", "")
-    if isinstance(exc, MemoryError):
-        return ConstraintError(ek, f"the {kind} source is too large to process", "")
-    return ConstraintError(ek, f"could not process the {kind} source ({type(exc).__name__}: {exc})", "")
-
-#: Longest whitespace run json_object allows between two JSON tokens (characters).
-JSON_OBJECT_MAX_WS = 32
-
-# xgrammar 0.2.9's builtin JSON grammar (Apache-2.0) with the root restricted to
-# an object and bounded whitespace runs in the rule bodies.  Its (= ...)
-# lookahead hints are what make masks fast: a plain JSON grammar without them
-# measured ~100x slower per token (11 ms vs 0.1 ms on a 40k-token vocabulary).
-JSON_OBJECT_EBNF = r"""
-root ::= "{" ws members_and_embrace
-value_non_str ::= ("{" ws members_and_embrace | "[" ws elements_or_embrace | "0" fraction exponent | [1-9] [0-9]* fraction exponent | "-" [0-9] fraction exponent | "-" [1-9] [0-9]* fraction exponent | "true" | "false" | "null") (= [ \n\r\t]* member_suffix_suffix)
-members_and_embrace ::= ("\"" characters_and_colon ws members_suffix | "}") (= [ \n\r\t,}\]])
-members_suffix ::= (value_non_str ws member_suffix_suffix | "\"" characters_and_embrace | "\"" characters_and_comma ws "\"" characters_and_colon ws members_suffix) (= [ \n\r\t,}\]])
-member_suffix_suffix ::= ("}" | "," ws "\"" characters_and_colon ws members_suffix) (= [ \n\r\t,}\]])
-elements_or_embrace ::= "{" ws members_and_embrace elements_rest ws "]" | "[" ws elements_or_embrace elements_rest ws "]" | "\"" characters_item elements_rest ws "]" | "0" fraction exponent elements_rest ws "]" | [1-9] [0-9]* fraction exponent elements_rest ws "]" | "-" "0" fraction exponent elements_rest ws "]" | "-" [1-9] [0-9]* fraction exponent elements_rest ws "]" | "true" elements_rest ws "]" | "false" elements_rest ws "]" | "null" elements_rest ws "]" | "]"
-elements ::= "{" ws members_and_embrace elements_rest | "[" ws elements_or_embrace elements_rest | "\"" characters_item elements_rest | "0" fraction exponent elements_rest | [1-9] [0-9]* fraction exponent elements_rest | "-" [0-9] fraction exponent elements_rest | "-" [1-9] [0-9]* fraction exponent elements_rest | "true" elements_rest | "false" elements_rest | "null" elements_rest
-elements_rest ::= "" | ws "," ws elements
-characters_and_colon ::= ("\"" ws ":" | [^"\\\x00-\x1f] characters_and_colon | "\\" escape characters_and_colon) (= [ \n\r\t]* ["{[0-9tfn\-])
-characters_and_comma ::= ("\"" ws "," | [^"\\\x00-\x1f] characters_and_comma | "\\" escape characters_and_comma) (= [ \n\r\t]* "\"")
-characters_and_embrace ::= ("\"" ws "}" | [^"\\\x00-\x1f] characters_and_embrace | "\\" escape characters_and_embrace) (= [ \n\r\t]* [},])
-characters_item ::= ("\"" | [^"\\\x00-\x1f] characters_item | "\\" escape characters_item) (= [ \n\r\t]* [,\]])
-escape ::= ["\\/bfnrt] | "u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]
-fraction ::= "" | "." [0-9] [0-9]*
-exponent ::= "" | "e" sign [0-9] [0-9]* | "E" sign [0-9] [0-9]*
-sign ::= "" | "+" | "-"
-ws ::= [ \n\r\t]{0,%d}
-""" % JSON_OBJECT_MAX_WS
-
 #: The model output wrapper the grammar is compiled for.  Only the plain body
 #: exists today; thinking/tool wrappers will get their own ids.
 PLAIN_WRAPPER = "plain"
-
-_COMPILE_OPTIONS = {
-    "json_object": (f"max_ws={JSON_OBJECT_MAX_WS}",),
-    "json_schema": ("separators=,:", "declared-order"),
-    "grammar": (),
-    "regex": ("fullmatch",),
-    "choice": (),
-}
-
-
-class _RawNumber(str):
-    """A JSON number kept exactly as written."""
-
-
-def _dump_canonical(value) -> str:
-    if isinstance(value, _RawNumber):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, _Pairs):
-        return "{" + ",".join(
-            json.dumps(k, ensure_ascii=False) + ":" + _dump_canonical(v) for k, v in value
-        ) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_dump_canonical(v) for v in value) + "]"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if value is None:
-        return "null"
-    raise TypeError(type(value))  # pragma: no cover
-
-
-class _Pairs(list):
-    """A JSON object as its ordered (key, value) pairs (duplicates kept)."""
-
-
-def canonical_json(text: str) -> str:
-    """Compact, order-preserving re-serialisation of JSON text.
-
-    Property order and duplicate keys are kept, numbers are kept as written,
-    strings are re-escaped canonically, insignificant whitespace is dropped.
-
-    Raises:
-        ConstraintError: ``InvalidSchema`` (location ``""``) if ``text`` is not JSON.
-    """
-    try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_Pairs,
-            parse_float=_RawNumber,
-            parse_int=_RawNumber,
-            parse_constant=lambda s: (_ for _ in ()).throw(ValueError(f"{s} is not JSON")),
-        )
-    except ValueError as exc:
-        line = getattr(exc, "lineno", None)
-        where = f" (line {exc.lineno}, column {exc.colno})" if line else ""
-        msg = getattr(exc, "msg", str(exc))
-        raise ConstraintError("InvalidSchema", f"schema is not valid JSON: {msg}{where}", "") from None
-    return _dump_canonical(value)
 
 
 @dataclass
@@ -224,28 +110,6 @@ class _Build:
     size: int = 0  # source bytes (admission while the abandoned pool is full)
 
 
-def _regex_grammar(regex: str):
-    """Full-match ECMAScript-subset regex → grammar (``constraint_service.regex``).
-
-    Raises:
-        ConstraintError: ``InvalidRegex`` with ``line:col``.
-    """
-    from .regex import regex_to_ebnf
-
-    return XGrammarBackend.parse_ebnf(regex_to_ebnf(regex), kind="InvalidRegex")
-
-
-def _json_schema_grammar(schema_text: str):
-    """JSON Schema → grammar through our schema contract (``constraint_service.json_schema``).
-
-    Raises:
-        ConstraintError: ``InvalidSchema`` / ``UnsupportedSchema`` / ``UnsatisfiableSchema`` with a JSON Pointer.
-    """
-    from .json_schema import json_schema_to_ebnf
-
-    return XGrammarBackend.parse_ebnf(json_schema_to_ebnf(schema_text), kind="InvalidSchema")
-
-
 class ConstraintCompiler:
     """Compile cache for one vocabulary (thread-safe).
 
@@ -258,14 +122,18 @@ class ConstraintCompiler:
             (at nice 19, never holding a slot) before new builds of sources larger
             than :data:`SMALL_SOURCE_BYTES` wait for them (default: ``max_cold_compiles``;
             small sources are admitted up to four times as many).
-        fill_threads: threads for xgrammar's batch mask fill.
+        fill_threads: threads for the backend's batch mask fill.
         max_failures_remembered: size of the per-key failure memory.
+        backend_factory: builds the :class:`~constraint_service.backend.base.Backend`
+            as ``backend_factory(vocab, fill_threads=...)`` on first constrained use
+            (default :class:`~constraint_service.backend.XGrammarBackend`).
     """
 
     def __init__(self, vocab: Vocabulary, *, cache_bytes: int = 256 << 20,
                  max_cold_compiles: int = 2, compile_timeout_s: float = 10.0,
                  max_abandoned_compiles: Optional[int] = None, fill_threads: int = 2,
-                 max_failures_remembered: int = 256) -> None:
+                 max_failures_remembered: int = 256,
+                 backend_factory: Callable[..., Backend] = XGrammarBackend) -> None:
         if max_cold_compiles < 1:
             raise ValueError("max_cold_compiles must be >= 1")
         self.vocab = Vocabulary.from_any(vocab)
@@ -277,8 +145,9 @@ class ConstraintCompiler:
         self.compile_timeout_s = float(compile_timeout_s)
         self.stats = CompileStats()
         self._fill_threads = fill_threads
+        self._backend_factory = backend_factory
         self._max_failures = max_failures_remembered
-        self._backend: Optional[XGrammarBackend] = None
+        self._backend: Optional[Backend] = None
         self._backend_lock = threading.Lock()
         self._lock = threading.Lock()  # cache, in-flight, failures, stats
         self._slot_cv = threading.Condition()  # slot accounting
@@ -292,13 +161,13 @@ class ConstraintCompiler:
 
     # -- public ---------------------------------------------------------------
     @property
-    def backend(self) -> XGrammarBackend:
-        """The xgrammar backend; builds the vocabulary index on first use."""
+    def backend(self) -> Backend:
+        """The grammar backend (xgrammar); builds the vocabulary index on first use."""
         b = self._backend
         if b is None:
             with self._backend_lock:
                 if self._backend is None:
-                    self._backend = XGrammarBackend(self.vocab, fill_threads=self._fill_threads)
+                    self._backend = self._backend_factory(self.vocab, fill_threads=self._fill_threads)
                 b = self._backend
         return b
 
@@ -355,7 +224,7 @@ class ConstraintCompiler:
             if entry is not None:
                 self._entries.move_to_end(key)
                 self.stats.hits += 1
-                return entry, CompileInfo("hit", time.perf_counter() - t0)
+                return entry, CompileInfo(CacheStatus.HIT, time.perf_counter() - t0)
             failure = self._failures.get(key)
             if failure is not None:
                 self._failures.move_to_end(key)
@@ -377,7 +246,7 @@ class ConstraintCompiler:
                 if isinstance(err, ConstraintError):
                     raise ConstraintError(err.kind, err.message, err.location)
                 raise err
-            return build.result, CompileInfo("waited", time.perf_counter() - t0)
+            return build.result, CompileInfo(CacheStatus.WAITED, time.perf_counter() - t0)
         try:
             self._run_owned_build(build, spec.kind, canon, deadline)
         except BaseException as exc:  # noqa: BLE001 - e.g. the vocabulary index failed, no slot in time
@@ -395,7 +264,7 @@ class ConstraintCompiler:
         self._settle(build)
         if build.error is not None:
             raise build.error
-        return build.result, CompileInfo("built", time.perf_counter() - t0)
+        return build.result, CompileInfo(CacheStatus.BUILT, time.perf_counter() - t0)
 
     def clear(self) -> None:
         """Drop every retained grammar and remembered failure (held ones stay alive)."""
@@ -407,56 +276,14 @@ class ConstraintCompiler:
             self._bytes = 0
 
     # -- internals ------------------------------------------------------------
-    def _key_and_source(self, spec: ConstraintSpec) -> tuple[tuple, object, int]:
-        kind = spec.kind
-        if kind not in CONSTRAINT_KINDS:
-            raise ValueError(f"unknown constraint kind {kind!r}; expected one of {sorted(CONSTRAINT_KINDS)}")
-        if kind == "choice":
-            if spec.source:
-                raise ValueError("choice constraints carry options in `choices`, not `source`")
-            options = normalize_choices(spec.choices)
-            size = 0
-            for idx, option in enumerate(options):
-                n = len(option.encode("utf-8"))
-                if n > MAX_CHOICE_OPTION_BYTES:
-                    raise ConstraintError(
-                        "InvalidChoice",
-                        f"choice option is {n} bytes; at most {MAX_CHOICE_OPTION_BYTES} bytes per option",
-                    )
-                size += n
-            if size > MAX_SOURCE_BYTES:
-                raise ConstraintError(
-                    "InvalidChoice",
-                    f"choice options total {size} bytes; at most {MAX_SOURCE_BYTES} bytes in all",
-                )
-            canon: object = options
-            text = json.dumps(list(options), ensure_ascii=False)
-        else:
-            if spec.choices:
-                raise ValueError(f"{kind} constraints take no `choices`")
-            size = len(spec.source.encode("utf-8", errors="surrogatepass"))
-            if size > MAX_SOURCE_BYTES:
-                raise ConstraintError(
-                    _INVALID_KIND[kind],
-                    f"the {kind} source is {size} bytes; at most {MAX_SOURCE_BYTES} bytes",
-                )
-            if kind == "json_object":
-                if spec.source:
-                    raise ValueError("json_object takes no source")
-                text = canon = ""
-            elif kind == "json_schema":
-                try:
-                    text = canon = canonical_json(spec.source)
-                except ConstraintError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on [[[[...]]]]
-                    raise _user_input_error(kind, exc) from None
-            else:
-                text = canon = spec.source
-        key = (kind, text, _COMPILE_OPTIONS[kind], PLAIN_WRAPPER, self.vocab.fingerprint())
-        return key, canon, size
+    def _key_and_source(self, spec: ConstraintSpec) -> tuple[tuple, Any, int]:
+        """(cache key, value for the kind's converter, source bytes) -- the kind's registry entry."""
+        entry = kind_entry(spec.kind)
+        canon = entry.canonicalise(spec)
+        key = (entry.name, canon.text, entry.compile_options, PLAIN_WRAPPER, self.vocab.fingerprint())
+        return key, canon.value, canon.size
 
-    def _timeout_error(self, kind: str) -> ConstraintError:
+    def _timeout_error(self, kind: ConstraintKind) -> ConstraintError:
         return ConstraintError(
             "CompileTimeout",
             f"compiling the {kind} constraint took longer than {self.compile_timeout_s:g} s",
@@ -488,7 +315,7 @@ class ConstraintCompiler:
                 self._slot_cv.wait(left)
             self._running += 1
 
-    def _run_owned_build(self, build: _Build, kind: str, canon: object,
+    def _run_owned_build(self, build: _Build, kind: ConstraintKind, canon: Any,
                          deadline: Optional[float] = None) -> None:
         if deadline is None:
             deadline = time.perf_counter() + self.compile_timeout_s
@@ -518,7 +345,7 @@ class ConstraintCompiler:
                 self._slot_cv.notify_all()
                 _lower_priority(build.native_id)
 
-    def _worker(self, build: _Build, backend: XGrammarBackend, kind: str, canon: object) -> None:
+    def _worker(self, build: _Build, backend: Backend, kind: ConstraintKind, canon: Any) -> None:
         build.native_id = threading.get_native_id()
         with self._slot_cv:
             if build.abandoned:  # given up before this thread ran: re-nice ourselves
@@ -529,7 +356,7 @@ class ConstraintCompiler:
         except ConstraintError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - user input we failed to convert
-            error = _user_input_error(kind, exc)
+            error = user_input_error(kind, exc)
         except BaseException as exc:  # noqa: BLE001 - reported to the owner
             error = exc
         with self._slot_cv:
@@ -544,18 +371,11 @@ class ConstraintCompiler:
         if late:
             self._settle(build)
 
-    def _build_grammar(self, backend: XGrammarBackend, kind: str, canon, key: tuple) -> CompiledConstraint:
-        if kind == "grammar":
-            grammar = parse_gbnf(canon, self.vocab)
-        elif kind == "choice":
-            grammar = backend.parse_ebnf(choice_to_ebnf(canon), kind="InvalidChoice")
-        elif kind == "regex":
-            grammar = _regex_grammar(canon)
-        elif kind == "json_schema":
-            grammar = _json_schema_grammar(canon)
-        else:  # json_object
-            grammar = backend.parse_ebnf(JSON_OBJECT_EBNF)
-        return backend.compile(grammar, kind=kind, key=key)
+    def _build_grammar(self, backend: Backend, kind: ConstraintKind, canon: Any, key: tuple) -> CompiledConstraint:
+        """Convert (the kind's registry entry) and compile (the backend); runs on a worker thread."""
+        entry = kind_entry(kind)
+        grammar = entry.to_grammar(backend, canon)
+        return backend.compile(grammar, kind=entry.kind, key=key, error_kind=entry.error_kind)
 
     def _settle(self, build: _Build) -> None:
         """Publish a finished build: cache the result or remember a deterministic failure."""

@@ -1,65 +1,67 @@
 """Errors of the constraint service (seed 000 §错误; DESIGN "Errors").
 
-Two families, never mixed:
+Both are part of the project hierarchy (:mod:`ninfer_common.errors`); two
+families, never mixed:
 
-* :class:`ConstraintError` -- a *request* error: the constraint the caller sent
-  is invalid, unsupported, unsatisfiable, times out while compiling, or the
-  continuation prefix is outside the language.  The sidecar maps it to gRPC
-  ``INVALID_ARGUMENT`` with a ``ConstraintErrorDetail{kind, message, location}``.
-* :class:`IntegrityError` -- a runtime bug: a committed token the grammar
-  rejects, preview/lookahead misuse, a matcher that cannot roll back.  Mapped
-  to gRPC ``INTERNAL``; never reported as a user error.
+* :class:`ConstraintError` -- a *request* error (a
+  :class:`~ninfer_common.errors.RequestError`, status ``INVALID_ARGUMENT``):
+  the constraint the caller sent is invalid, unsupported, unsatisfiable, times
+  out while compiling, or the continuation prefix is outside the language.
+  The sidecar maps it to gRPC ``INVALID_ARGUMENT`` with an error detail
+  ``{kind, message, location}``.
+* :class:`IntegrityError` -- a runtime bug (a
+  :class:`~ninfer_common.errors.RowError` of kind ``IntegrityError``, status
+  ``INTERNAL``): a committed token the grammar rejects, preview/lookahead
+  misuse, a matcher that cannot roll back.  Never reported as a user error.
 """
 
 from __future__ import annotations
 
+from ninfer_common.errors import CONSTRAINT_ERROR_KINDS, ErrorKind, RequestError, RowError, Status
+
 __all__ = ["CONSTRAINT_ERROR_KINDS", "ConstraintError", "IntegrityError"]
 
-#: Every value :attr:`ConstraintError.kind` can take.
-CONSTRAINT_ERROR_KINDS = frozenset(
-    {
-        "InvalidGrammar",
-        "InvalidRegex",
-        "InvalidChoice",
-        "InvalidSchema",
-        "UnsupportedSchema",
-        "UnsatisfiableSchema",
-        "ConstraintDeadEnd",
-        "InvalidPrefix",
-        "CompileTimeout",
-        "InvalidTokenReference",
-    }
-)
 
-
-class ConstraintError(Exception):
+class ConstraintError(RequestError):
     """A request error raised while preparing a constraint.
 
-    Attributes:
-        kind: one of :data:`CONSTRAINT_ERROR_KINDS`.
+    Args:
+        kind: one of :data:`CONSTRAINT_ERROR_KINDS` (an
+            :class:`~ninfer_common.errors.ErrorKind` or its wire spelling).
         message: human readable, says expected vs actual.
         location: ``"line:col"`` (1-based, columns in Unicode characters) for
             grammars and regexes, a JSON Pointer (``"/properties/a"``) for
             schemas, ``""`` when there is no meaningful position.
+
+    Attributes:
+        kind: the :class:`~ninfer_common.errors.ErrorKind` (compares equal to its string).
+        message, location: as given.
+        status: ``Status.INVALID_ARGUMENT``.
+
+    Raises:
+        ValueError: ``kind`` is not a constraint error kind.
     """
 
-    def __init__(self, kind: str, message: str, location: str = "") -> None:
+    def __init__(self, kind: ErrorKind | str, message: str, location: str = "") -> None:
         if kind not in CONSTRAINT_ERROR_KINDS:
             raise ValueError(f"unknown ConstraintError kind {kind!r}")
-        self.kind = kind
-        self.message = message
-        self.location = location
-        where = f" at {location}" if location else ""
-        super().__init__(f"{kind}{where}: {message}")
-
-    def __reduce__(self):  # keep kind/message/location across pickling
-        return (type(self), (self.kind, self.message, self.location))
+        super().__init__(kind, message, location, Status.INVALID_ARGUMENT)
 
 
-class IntegrityError(Exception):
+class IntegrityError(RowError):
     """A runtime integrity failure (gRPC ``INTERNAL``), not a user error.
 
     Raised for: a committed/previewed token the grammar rejects, lookahead
     while a preview is pending (or the reverse), use of a terminated or closed
     session, malformed bitmask/status views.
+
+    Args:
+        message: what went wrong; ``str(error)`` is exactly this text (it travels
+            to the engine as the row's error message).
     """
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(ErrorKind.INTEGRITY_ERROR, message, "", Status.INTERNAL)
+
+    def __str__(self) -> str:
+        return self.message

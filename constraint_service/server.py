@@ -24,7 +24,8 @@ import grpc
 
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
-from ninfer.telemetry import get_tracer
+from ninfer_common.grpc_status import make_rpc_status
+from ninfer_common.telemetry import get_tracer
 from shared_memory.layout import STATUS_DEAD_END
 from shared_memory.ring import MaskRing
 
@@ -77,12 +78,8 @@ class _Live:
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, kind: str, message: str, location: str = "") -> None:
-    from clients.errors import make_rpc_status
-    from ninfer.v1 import generation_pb2 as gen_pb
-
     context.abort_with_status(
-        make_rpc_status(code, gen_pb.ErrorDetail(code=code.name, kind=kind, message=message, location=location))
-    )
+        make_rpc_status(code, pb.ConstraintErrorDetail(kind=kind, message=message, location=location)))
 
 
 class ConstraintServicer(pb_grpc.ConstraintServiceServicer):

@@ -8,14 +8,19 @@ when that module exists so there is exactly one definition.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
 
+from ninfer_common.constraint_kind import ConstraintKind
+
 __all__ = [
     "BITMASK_DTYPE",
     "CONSTRAINT_KINDS",
+    "CacheStatus",
     "CompileInfo",
+    "ConstraintKind",
     "ConstraintSpec",
     "DEAD_END",
     "PreviewResult",
@@ -44,8 +49,9 @@ except ImportError:  # pragma: no cover - shared_memory/layout.py is the owner
     DEAD_END = 2  #: the hypothetical prefix has no legal next token (words zero)
     UNREACHABLE = 3  #: an earlier draft was illegal or EOS was accepted (words zero)
 
-#: The five body constraint kinds (seed 000 §正文约束).
-CONSTRAINT_KINDS = frozenset({"json_object", "json_schema", "grammar", "regex", "choice"})
+#: The five body constraint kinds (seed 000 §正文约束); one registry entry each
+#: (``constraint_service/registry.py``).
+CONSTRAINT_KINDS = frozenset(ConstraintKind)
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,34 @@ class ConstraintSpec:
     """What the request asked for.
 
     Attributes:
-        kind: ``"json_object" | "json_schema" | "grammar" | "regex" | "choice"``.
+        kind: the :class:`ConstraintKind` (a wire spelling such as ``"regex"`` is
+            converted on construction).
         source: schema JSON text / GBNF text / ECMAScript regex; ``""`` for
             ``json_object`` and ``choice``.
         choices: the literal options of a ``choice`` constraint (``()`` otherwise).
+
+    Raises:
+        ValueError: ``kind`` is not a constraint kind.
     """
 
-    kind: str
+    kind: ConstraintKind
     source: str = ""
     choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ConstraintKind):
+            object.__setattr__(self, "kind", ConstraintKind.parse(self.kind))
+
+
+class CacheStatus(enum.StrEnum):
+    """How a prepare obtained its compiled grammar (``PrepareResponse.cache``).
+
+    A ``StrEnum``: members compare equal to ``"hit"`` / ``"built"`` / ``"waited"``.
+    """
+
+    HIT = "hit"  #: retained grammar, no compile slot taken
+    BUILT = "built"  #: this request compiled it
+    WAITED = "waited"  #: another request was building the same key; this one waited for it
 
 
 @dataclass(frozen=True)
@@ -69,14 +94,12 @@ class CompileInfo:
     """How a prepare obtained its compiled grammar.
 
     Attributes:
-        cache: ``"hit"`` (retained grammar, no compile slot taken), ``"built"``
-            (this request compiled it) or ``"waited"`` (another request was
-            building the same key; this one waited for that build).
+        cache: the :class:`CacheStatus`.
         seconds: wall-clock seconds spent in ``ConstraintCompiler.compile``
             (includes the lazy vocabulary index build and slot waiting).
     """
 
-    cache: str
+    cache: CacheStatus
     seconds: float
 
 

@@ -1,6 +1,6 @@
 """``python -m gpu_engine``: same as ``ninfer serve``."""
 import sys
 
-from .serve import serve_main
+from gpu_engine.api.serve import serve_main
 
 sys.exit(serve_main())

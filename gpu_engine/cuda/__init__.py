@@ -4,7 +4,7 @@ Everything here imports ``cuda.bindings.runtime`` lazily (first call), so the
 package imports on machines without CUDA or cuda-python (CI). See
 :mod:`gpu_engine.cuda.runtime`.
 """
-from .runtime import (
+from gpu_engine.cuda.runtime import (
     CudaError,
     Event,
     HostRegistration,

@@ -2,7 +2,7 @@
 
 Sources:
   * a known name (``"SmolLM2-135M-Instruct"``): fetched into the cache once
-    (:mod:`gpu_engine.model.fetch`), then loaded as GGUF;
+    (:mod:`gpu_engine.hub.fetch`), then loaded as GGUF;
   * a ``.gguf`` file (or a directory holding exactly one);
   * a Hugging Face directory (``config.json`` + ``*.safetensors`` + ``tokenizer.json``);
   * ``"<preset>"`` from :data:`gpu_engine.model.config.PRESETS` with a
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from gpu_engine.model.chat import ChatTemplate
+from gpu_engine.frontend.template import ChatTemplate
 from gpu_engine.model.config import PRESETS, ModelConfig
-from gpu_engine.model.fetch import DEFAULT_MODEL, ensure_model
+from gpu_engine.hub.fetch import DEFAULT_MODEL, ensure_model
 from gpu_engine.model.gguf_file import GGUFFile
 from gpu_engine.model.llama import LlamaModel, build_model
 from gpu_engine.model.tokenizer import NInferTokenizer
@@ -172,7 +172,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
 
     Raises:
         FileNotFoundError: unknown name or missing files.
-        gpu_engine.model.fetch.FetchError: the default model could not be fetched.
+        gpu_engine.hub.fetch.FetchError: the default model could not be fetched.
         ValueError: unsupported architecture or tokenizer.
     """
     dev = resolve_device(device)

@@ -108,7 +108,7 @@ class OutputRules:
         eos: EOS spellings (the engine resolves them to ids).
         tools_in_template: the model's chat template renders ``tools=`` itself;
             False = render the declarations into the system prompt
-            (:func:`gpu_engine.model.chat_families.render_tools_system_prompt`).
+            (:func:`gpu_engine.frontend.families.render_tools_system_prompt`).
         tool_name_max_len: longest accepted tool name.
     """
 

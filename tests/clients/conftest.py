@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # noqa: E402
 
-from clients.errors import make_error_detail, make_rpc_status  # noqa: E402
+from ninfer_common.grpc_status import make_rpc_status  # noqa: E402
 from ninfer.v1 import generation_pb2 as pb  # noqa: E402
 from ninfer.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -60,7 +60,7 @@ class FakeGeneration(pb_grpc.GenerationServicer):
             context.abort_with_status(
                 make_rpc_status(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    make_error_detail(grpc.StatusCode.INVALID_ARGUMENT, "InvalidGrammar", "expected '::='", "1:7"),
+                    pb.ErrorDetail(code="INVALID_ARGUMENT", kind="InvalidGrammar", message="expected '::='", location="1:7"),
                 )
             )
         if kind == "regex" and request.constraint.regex == "(":

@@ -13,9 +13,8 @@ from clients import (
     ServerUnavailable,
     TokenCount,
     build_constraint,
-    make_rpc_status,
 )
-from clients.errors import DETAILS_KEY, ErrorDetail
+from clients.errors import ErrorDetail
 from ninfer.v1 import generation_pb2 as pb
 
 
@@ -200,21 +199,6 @@ def test_trace_context_is_propagated(fake_server):
             c.generate_text("hello")
     md = fake_server.servicer.metadata[-1]
     assert md.get("traceparent", "").startswith("00-" + format(0x1234, "032x"))
-
-
-def test_make_rpc_status_shape():
-    st = make_rpc_status(grpc.StatusCode.INVALID_ARGUMENT, ErrorDetail(kind="InvalidRegex", message="m", location="1:2"))
-    assert st.code == grpc.StatusCode.INVALID_ARGUMENT and st.details == "m"
-    (key, value), = st.trailing_metadata
-    assert key == DETAILS_KEY
-    from google.rpc import status_pb2
-
-    rich = status_pb2.Status.FromString(value)
-    d = ErrorDetail()
-    assert rich.details[0].Unpack(d)
-    assert (d.code, d.kind, d.location) == ("INVALID_ARGUMENT", "InvalidRegex", "1:2")
-    with pytest.raises(ValueError):
-        make_rpc_status(grpc.StatusCode.OK, ErrorDetail())
 
 
 # -- tools / thinking fields (issue 10) ----------------------------------------------------------

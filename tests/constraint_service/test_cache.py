@@ -10,7 +10,8 @@ import time
 import pytest
 
 from conftest import VOCAB, make_vocab
-from constraint_service.compiler import SMALL_SOURCE_BYTES, ConstraintCompiler, canonical_json
+from constraint_service.compiler import SMALL_SOURCE_BYTES, ConstraintCompiler
+from constraint_service.registry import canonical_json
 from constraint_service.errors import ConstraintError
 from constraint_service.session import OutputSession
 from constraint_service.types import ConstraintSpec

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import VOCAB
-from constraint_service.compiler import MAX_CHOICE_OPTION_BYTES, ConstraintCompiler
+from constraint_service.compiler import ConstraintCompiler
+from constraint_service.registry import MAX_CHOICE_OPTION_BYTES
 from constraint_service.errors import ConstraintError
 from constraint_service.types import ConstraintSpec
 

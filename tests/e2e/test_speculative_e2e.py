@@ -1,7 +1,7 @@
 """Speculative decoding on the real model: greedy constrained output with speculation equals the output
 without it, token for token, for every drafter (issue 6 acceptance).
 
-The stack runs in-process (``gpu_engine.serve.build_stack``: real SmolLM2 weights, CPU Program, real
+The stack runs in-process (``gpu_engine.api.serve.build_stack``: real SmolLM2 weights, CPU Program, real
 constraint sidecar subprocess, shared-memory ring with ``K + 1`` positions) behind a real gRPC server, so
 the per-request override and the CLI's ``--format json`` usage fields are exercised too.
 
@@ -46,8 +46,8 @@ def spec_stack():
         pytest.skip(f"default model not fetched ({MODEL}); run `make setup` first")
     import grpc
 
-    from gpu_engine.serve import build_parser, build_stack
-    from gpu_engine.server import GenerationServicer
+    from gpu_engine.api.serve import build_parser, build_stack
+    from gpu_engine.api.servicer import GenerationServicer
     from ninfer.v1 import generation_pb2_grpc
 
     args = build_parser().parse_args(["--port", str(free_port()), "--device", "cpu", "--max-lanes", "4",
@@ -77,7 +77,7 @@ def _message(prompt, constraint, max_tokens, method):
 
 
 def _collect(req):
-    from gpu_engine.request import Delta
+    from gpu_engine.core.request import Delta
 
     toks = []
     while True:

@@ -1,6 +1,6 @@
 """Float64 NumPy reference for masked sampling and speculative acceptance.
 
-Written independently of ``gpu_engine.sampling`` / ``gpu_engine.speculative``
+Written independently of ``gpu_engine.sample.sampler`` / ``gpu_engine.spec.verify``
 (per-row Python loops, float64, no shared code) from the definitions:
 
 * sampling — seed 000 §sampling: penalties → mask → top-k over the legal set

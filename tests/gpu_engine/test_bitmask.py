@@ -1,10 +1,10 @@
-"""gpu_engine.bitmask against a NumPy reference packing (LSB = smaller id)."""
+"""gpu_engine.sample.bitmask against a NumPy reference packing (LSB = smaller id)."""
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gpu_engine.bitmask import apply_bitmask_, bitmask_words, pack_bitmask, unpack_bitmask, words_from_numpy
+from gpu_engine.sample.bitmask import apply_bitmask_, bitmask_words, pack_bitmask, unpack_bitmask, words_from_numpy
 
 
 import ninfer_tests_gpu_engine_oracle as oracle  # loaded by conftest.py

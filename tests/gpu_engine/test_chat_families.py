@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpu_engine.model.chat import ChatTemplate
-from gpu_engine.model.chat_families import QWEN3_5_TEMPLATE, QWEN3_TEMPLATE, FamilyChat
+from gpu_engine.frontend.template import ChatTemplate
+from gpu_engine.frontend.families import QWEN3_5_TEMPLATE, QWEN3_TEMPLATE, FamilyChat
 from ninfer_common.frontends import QWEN3, QWEN3_5, SMOLLM2, FrontendError, OutputDecoder, ToolChoice, parse_tools, resolve_policy
 
 TOOLS = parse_tools([{"name": "lookup", "description": "weather", "strict": True, "parameters": {

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_engine.cuda_program import CudaProgram, RingMask
+from gpu_engine.executor.cuda_graph import CudaProgram, RingMask
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
-from gpu_engine.program import Program
-from gpu_engine.request import ConstraintRef, Request, SamplingOptions
+from gpu_engine.executor.eager import Program
+from gpu_engine.core.request import ConstraintRef, Request, SamplingOptions
 from shared_memory.layout import RingGeometry
 from shared_memory.ring import MaskRing
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_engine.bitmask import pack_bitmask
-from gpu_engine.cuda_program import _FIN_ENABLED, _FIN_LANES, _FIN_POS, CudaProgram
+from gpu_engine.sample.bitmask import pack_bitmask
+from gpu_engine.executor.cuda_graph import _FIN_ENABLED, _FIN_LANES, _FIN_POS, CudaProgram
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
-from gpu_engine.sampling import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SAMPLE_OK, SamplingTensors, target_probs
+from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SAMPLE_OK, SamplingTensors, target_probs
 from shared_memory.layout import RingGeometry
 from shared_memory.ring import MaskRing
 

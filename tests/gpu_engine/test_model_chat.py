@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_engine.model.chat import ChatTemplate, ChatTemplateError, render_chat
-from gpu_engine.model.fetch import cached_model_path
+from gpu_engine.frontend.template import ChatTemplate, ChatTemplateError, render_chat
+from gpu_engine.hub.fetch import cached_model_path
 
 GGUF = cached_model_path()
 CONVERSATIONS = [
@@ -15,7 +15,7 @@ CONVERSATIONS = [
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not in cache: run `python -m gpu_engine.model.fetch` first")
+@pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not in cache: run `python -m gpu_engine.hub.fetch` first")
 def test_matches_transformers() -> None:
     transformers = pytest.importorskip("transformers")
     from gpu_engine.model.loader import load_tokenizer

@@ -37,12 +37,12 @@ def test_names() -> None:
 
 
 def test_fast_reader_agrees_with_gguf_reader() -> None:
-    from gpu_engine.model.fetch import cached_model_path
+    from gpu_engine.hub.fetch import cached_model_path
     from gpu_engine.model.gguf_file import GGUFFile
 
     path = cached_model_path()
     if path is None:
-        pytest.skip("SmolLM2 GGUF not in cache: run `python -m gpu_engine.model.fetch` first")
+        pytest.skip("SmolLM2 GGUF not in cache: run `python -m gpu_engine.hub.fetch` first")
     from gguf import GGUFReader
 
     ref, ours = GGUFReader(str(path)), GGUFFile(path)

@@ -1,6 +1,6 @@
 """Our Llama forward on the real SmolLM2-135M GGUF vs transformers' GGUF model.
 
-Needs the cached GGUF (CI fetches it with ``python -m gpu_engine.model.fetch``
+Needs the cached GGUF (CI fetches it with ``python -m gpu_engine.hub.fetch``
 before the tests) and transformers + accelerate (test extras).
 """
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_engine.model.fetch import cached_model_path
+from gpu_engine.hub.fetch import cached_model_path
 
 GGUF = cached_model_path()
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not in cache: run `python -m gpu_engine.model.fetch` first"),
+    pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not in cache: run `python -m gpu_engine.hub.fetch` first"),
 ]
 # Logit scale is ~30; fp32 reductions in a different order differ by ~1e-5.
 ATOL = 2e-3

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gpu_engine.program as program_mod
+import gpu_engine.executor.eager as program_mod
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
-from gpu_engine.program import Program
-from gpu_engine.request import Request, SamplingOptions
+from gpu_engine.executor.eager import Program
+from gpu_engine.core.request import Request, SamplingOptions
 
 V = 301
 S = 48  # lane length

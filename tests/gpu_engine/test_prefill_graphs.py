@@ -9,11 +9,11 @@ the eager chunked prefill in the same call.
 import pytest
 import torch
 
-from gpu_engine.cuda_program import CudaProgram, prefill_graph_buckets
+from gpu_engine.executor.cuda_graph import CudaProgram, prefill_graph_buckets
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
-from gpu_engine.program import Program
-from gpu_engine.request import Request, SamplingOptions
+from gpu_engine.executor.eager import Program
+from gpu_engine.core.request import Request, SamplingOptions
 
 V, LANES, SEQ = 70, 16, 160
 CFG = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

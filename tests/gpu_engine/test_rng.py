@@ -1,10 +1,10 @@
-"""gpu_engine.rng: counter-based draws keyed only by (seed, position, purpose, token)."""
+"""gpu_engine.sample.rng: counter-based draws keyed only by (seed, position, purpose, token)."""
 import numpy as np
 import pytest
 import torch
 
-from gpu_engine import rng
-from gpu_engine.rng import Purpose
+from gpu_engine.sample import rng
+from gpu_engine.sample.rng import Purpose
 
 _M = (1 << 64) - 1
 _G = 0x9E3779B97F4A7C15

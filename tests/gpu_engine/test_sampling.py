@@ -1,12 +1,12 @@
-"""gpu_engine.sampling against the float64 oracle (tests/gpu_engine/oracle.py)."""
+"""gpu_engine.sample.sampler against the float64 oracle (tests/gpu_engine/oracle.py)."""
 import numpy as np
 import pytest
 import torch
 
-import gpu_engine.sampling as sampling
-from gpu_engine.bitmask import pack_bitmask
-from gpu_engine.rng import Purpose
-from gpu_engine.sampling import (
+import gpu_engine.sample.sampler as sampling
+from gpu_engine.sample.bitmask import pack_bitmask
+from gpu_engine.sample.rng import Purpose
+from gpu_engine.sample.sampler import (
     SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SAMPLE_OK, SamplingTensors, sample, target_probs,
 )
 

@@ -8,9 +8,9 @@ matches eager execution bit for bit, and that CUDA agrees with the CPU path.
 import pytest
 import torch
 
-from gpu_engine.bitmask import pack_bitmask
-from gpu_engine.sampling import SamplingTensors, sample
-from gpu_engine.speculative import STATUS_READY, STATUS_UNCONSTRAINED, verify
+from gpu_engine.sample.bitmask import pack_bitmask
+from gpu_engine.sample.sampler import SamplingTensors, sample
+from gpu_engine.spec.verify import STATUS_READY, STATUS_UNCONSTRAINED, verify
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

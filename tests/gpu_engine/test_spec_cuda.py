@@ -5,7 +5,7 @@ equals the output without it, token for token, for every drafter, on the real Sm
 the CUDA Program (graphs for plain decode, eager speculative steps) and the early-exit drafters'
 draft-ready overlap (device-side draft ids → pinned D2H copy → cuda-python ready event → target
 forward queued on the device ids → host waits on the event → lookahead Step to the real sidecar
-while the forward runs). The stack runs in-process (``gpu_engine.serve.build_stack``, real
+while the forward runs). The stack runs in-process (``gpu_engine.api.serve.build_stack``, real
 constraint sidecar subprocess, shared-memory ring with ``K + 1`` positions); all requests of a
 dtype are submitted at once (mixed batches of methods and grammars).
 
@@ -69,8 +69,8 @@ def _free_port() -> int:
 
 
 def build(device: str, dtype: str, path: Path, max_lanes: int = 16):
-    from gpu_engine.serve import build_parser, build_stack
-    from gpu_engine.server import GenerationServicer
+    from gpu_engine.api.serve import build_parser, build_stack
+    from gpu_engine.api.servicer import GenerationServicer
 
     args = build_parser().parse_args(["--port", str(_free_port()), "--device", device, "--dtype", dtype,
                                       "--model", str(path), "--max-lanes", str(max_lanes), "--max-seq-len", "512",
@@ -107,7 +107,7 @@ def _message(prompt, constraint, max_tokens, method):
 
 
 def _collect(req):
-    from gpu_engine.request import Delta
+    from gpu_engine.core.request import Delta
 
     toks = []
     while True:
@@ -183,7 +183,7 @@ def check_equivalence(stack) -> dict:
 
 
 def test_cuda_greedy_constrained_speculation_equals_plain_decoding(cuda_stack):
-    from gpu_engine.cuda_program import CudaProgram
+    from gpu_engine.executor.cuda_graph import CudaProgram
 
     eng = cuda_stack.engine
     assert isinstance(eng.program, CudaProgram) and eng.program.use_graphs and eng.defer_drafts
@@ -203,11 +203,11 @@ def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
     still run; the logits equal those of the host-ids path."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from gpu_engine.cuda_program import CudaProgram
-    from gpu_engine.drafters import DeviceDrafts, EarlyExitDrafter
+    from gpu_engine.executor.cuda_graph import CudaProgram
+    from gpu_engine.spec.drafters import DeviceDrafts, EarlyExitDrafter
     from gpu_engine.model.config import ModelConfig
     from gpu_engine.model.llama import build_model
-    from gpu_engine.request import Request, SamplingOptions
+    from gpu_engine.core.request import Request, SamplingOptions
 
     v = 1000
     cfg = ModelConfig(arch="llama", vocab_size=v, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from gpu_engine.bitmask import pack_bitmask
-from gpu_engine.request import Request, SamplingOptions
-from gpu_engine.sampling import SamplingTensors, sample
-from gpu_engine.spec_step import verify_rows
-from gpu_engine.speculative import STATUS_DEAD_END, STATUS_READY, STATUS_UNCONSTRAINED, STATUS_UNREACHABLE
+from gpu_engine.sample.bitmask import pack_bitmask
+from gpu_engine.core.request import Request, SamplingOptions
+from gpu_engine.sample.sampler import SamplingTensors, sample
+from gpu_engine.spec.step import verify_rows
+from gpu_engine.spec.verify import STATUS_DEAD_END, STATUS_READY, STATUS_UNCONSTRAINED, STATUS_UNREACHABLE
 
 V = 45  # two bitmask words, ragged last word
 EOS = 44
@@ -175,7 +175,7 @@ def test_forward_rows_padded_row_near_context_end_does_not_write_past_its_lane()
     its logits equal a plain decode forward and nothing is written past position S - 1."""
     from gpu_engine.model.config import ModelConfig
     from gpu_engine.model.llama import build_model
-    from gpu_engine.program import Program
+    from gpu_engine.executor.eager import Program
 
     cfg = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position=32)

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_engine.engine import Engine, ring_geometry
+from gpu_engine.engine.loop import Engine, ring_geometry
 from gpu_engine.model.vocab import TokenVocabulary
-from gpu_engine.program import Program
-from gpu_engine.request import ConstraintRef, Finish, Request, SamplingOptions
-from gpu_engine.rng import Purpose
-from gpu_engine.sampling import draw
-from gpu_engine.sidecar import StepRowResult
+from gpu_engine.executor.eager import Program
+from gpu_engine.core.request import ConstraintRef, Finish, Request, SamplingOptions
+from gpu_engine.sample.rng import Purpose
+from gpu_engine.sample.sampler import draw
+from gpu_engine.sidecar.client import StepRowResult
 from shared_memory.layout import STATUS_DEAD_END, STATUS_READY, STATUS_UNREACHABLE
 from shared_memory.ring import MaskRing
 
@@ -163,7 +163,7 @@ class DeferredDrafter:
         return self.inner.propose_batch(rows, ks)
 
     def propose_batch_device(self, rows, ks):
-        from gpu_engine.drafters import DeviceDrafts
+        from gpu_engine.spec.drafters import DeviceDrafts
 
         self.device_calls += 1
         props = self.inner.propose_batch(rows, ks)

@@ -1,11 +1,11 @@
-"""gpu_engine.speculative.verify against the float64 oracle (tests/gpu_engine/oracle.py)."""
+"""gpu_engine.spec.verify.verify against the float64 oracle (tests/gpu_engine/oracle.py)."""
 import numpy as np
 import pytest
 import torch
 
-from gpu_engine.bitmask import pack_bitmask
-from gpu_engine.sampling import SamplingTensors
-from gpu_engine.speculative import (
+from gpu_engine.sample.bitmask import pack_bitmask
+from gpu_engine.sample.sampler import SamplingTensors
+from gpu_engine.spec.verify import (
     STATUS_DEAD_END, STATUS_READY, STATUS_UNCONSTRAINED, STATUS_UNREACHABLE,
     VERIFY_ERR_DEAD_END, VERIFY_ERR_EMPTY_MASK, VERIFY_ERR_NONFINITE, VERIFY_ERR_UNREACHABLE, VERIFY_OK, verify,
 )

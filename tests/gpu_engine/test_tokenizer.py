@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_engine.model.fetch import cached_model_path
+from gpu_engine.hub.fetch import cached_model_path
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
 
 GGUF = cached_model_path()
-needs_gguf = pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not in cache: run `python -m gpu_engine.model.fetch` first")
+needs_gguf = pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not in cache: run `python -m gpu_engine.hub.fetch` first")
 slow = pytest.mark.slow  # transformers builds its GGUF tokenizer in ~10-20 s on 2 cores
 
 CORPUS = [

@@ -29,6 +29,16 @@ ROW_STATUS_OK: RowStatus
 ROW_STATUS_DEAD_END: RowStatus
 ROW_STATUS_INTEGRITY_ERROR: RowStatus
 
+class ConstraintErrorDetail(_message.Message):
+    __slots__ = ("kind", "message", "location")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    message: str
+    location: str
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
+
 class RegisterVocabularyRequest(_message.Message):
     __slots__ = ("vocab_size", "token_bytes", "special_ids", "eos_ids")
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]

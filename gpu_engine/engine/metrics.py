@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ninfer.telemetry import get_meter
+from ninfer_common.telemetry import get_meter
 
 
 class EngineMetrics:

@@ -50,11 +50,11 @@ def build_stack(args: argparse.Namespace):
 
     from shared_memory.ring import MaskRing, default_ring_name
 
-    from .engine import Engine, ring_geometry
-    from .frontend import Frontend
-    from .model.fetch import ensure_model
-    from .model.loader import load_model
-    from .sidecar import Sidecar
+    from gpu_engine.engine.loop import Engine, ring_geometry
+    from gpu_engine.frontend.prompt import Frontend
+    from gpu_engine.hub.fetch import ensure_model
+    from gpu_engine.model.loader import load_model
+    from gpu_engine.sidecar.client import Sidecar
 
     path = ensure_model(args.model)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
@@ -71,7 +71,7 @@ def build_stack(args: argparse.Namespace):
     sidecar = Sidecar(f"/tmp/ninfer-{args.port}-constraint.sock", vocab, ring_info, extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads)])
-    from .program import make_program
+    from gpu_engine.executor import make_program
 
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
     program.prefill_token_budget = max(1, args.prefill_token_budget)
@@ -89,10 +89,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from ninfer.telemetry import server_interceptors, setup_metrics, setup_tracing
+    from ninfer_common.telemetry import server_interceptors, setup_metrics, setup_tracing
     from ninfer.v1 import generation_pb2
 
-    from .server import GenerationServicer, add_generation_servicer
+    from gpu_engine.api.servicer import GenerationServicer, add_generation_servicer
 
     setup_tracing("ninfer-engine")
     if setup_metrics("ninfer-engine", args.metrics_port, args.host):

@@ -22,52 +22,27 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-from ninfer.telemetry import get_tracer
-from shared_memory.layout import STATUS_DEAD_END, RingGeometry, bitmask_words
+from ninfer_common.telemetry import get_tracer
 from shared_memory.ring import MaskRing
 
-from .errors import RowError
-from .metrics import EngineMetrics
-from .model.tokenizer import IncrementalDetokenizer
-from .model.vocab import TokenVocabulary
-from .program import Program
-from .request import Delta, Finish, Request
-from .sidecar import Sidecar, SidecarUnavailable, StepRow
+from gpu_engine.errors import RowError
+from gpu_engine.engine.drafting import Drafting
+from gpu_engine.engine.metrics import EngineMetrics
+from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
+from gpu_engine.model.tokenizer import IncrementalDetokenizer
+from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.executor.eager import Program
+from gpu_engine.core.request import Delta, Finish, Request
+from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
 
 log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 
 
-@dataclass
-class EngineStats:
-    """Counters for benchmarks and metrics (seconds unless noted)."""
-
-    steps: int = 0
-    constrained_steps: int = 0
-    tokens: int = 0
-    sidecar_wait_s: float = 0.0  # exposed wait: time spent blocked on the sidecar's answer
-    step_s: float = 0.0
-    mask_h2d_bytes: int = 0
-    draft_tokens: int = 0
-    accepted_draft_tokens: int = 0
-    per_step_wait_ms: list[float] = field(default_factory=list)
-    draft_s: float = 0.0  # time spent proposing drafts (exposed: the Step message waits for the draft ids)
-    spec_steps: int = 0  # steps in which at least one row had drafts
-    spec_rows: int = 0  # verified row-steps (rows with drafts, summed over steps, failed rows excluded)
-    per_step_draft_ms: list[float] = field(default_factory=list)  # draft-ready wait of each spec step (see below)
-    # Draft-ready wait: eager path (CPU, n-gram) = host time to propose the drafts (the Step message and the
-    # forward wait for them); deferred path (CUDA early exit) = host time blocked on the draft ids' ready
-    # event after the target forward was queued. draft_host_s: host time spent queueing / running the drafter.
-    draft_host_s: float = 0.0
-    per_step_draft_host_ms: list[float] = field(default_factory=list)
-    deferred_spec_steps: int = 0  # spec steps that took the deferred (device draft ids) path
-
-
-class Engine:
+class Engine(Drafting):
     """Owns lanes, the mask ring, the sidecar and the worker thread.
 
     Args:
@@ -207,86 +182,6 @@ class Engine:
         self.stats.steps += 1
         return True
 
-    def _draft_budget(self, r: Request) -> int:
-        """Drafts a decode row may get this step (0 without speculation or on its first token).
-
-        Bounded by the request's K, the ring's K (``self.num_draft_tokens``), the
-        output budget (the correction / bonus needs one more token) and the lane's
-        context (the verify forward writes positions ``num_cached .. num_cached + k``).
-        """
-        if r.spec_method == "none" or r.num_draft_tokens <= 0 or not r.output_ids:
-            return 0
-        budget = r.max_tokens - len(r.output_ids) - 1
-        room = self.program.max_seq_len - r.num_cached - 2
-        return max(0, min(r.num_draft_tokens, self.num_draft_tokens, budget, room))
-
-    def _drafter(self, method: str):
-        drafter = self._drafters.get(method)
-        if drafter is None:
-            from .drafters import make_drafter
-
-            drafter = self._drafters[method] = make_drafter(method, self.program, self.draft_layers)
-        return drafter
-
-    def _drafts_for(self, r: Request) -> list[int]:
-        """Draft tokens for one decode row (see :meth:`_drafts_for_rows`)."""
-        drafts, draft_q = self._drafts_for_rows([r])
-        d = drafts.get(r.lane, [])
-        return (d, draft_q[r.lane]) if r.lane in draft_q else d
-
-    def _group_by_method(self, rows: list[Request]) -> dict[str, tuple[list[Request], list[int]]]:
-        """Rows that get drafts this step, grouped by speculative method, with their budgets."""
-        groups: dict[str, tuple[list[Request], list[int]]] = {}
-        for r in rows:
-            k = self._draft_budget(r)
-            if k > 0:
-                rs, ks = groups.setdefault(r.spec_method, ([], []))
-                rs.append(r)
-                ks.append(k)
-        return groups
-
-    def _drafts_for_rows(self, rows: list[Request]) -> tuple[dict[int, list[int]], dict]:
-        """This step's drafts, one batched ``propose_batch`` call per speculative method.
-
-        Returns:
-            ``drafts``: lane → draft ids (only rows that got some);
-            ``draft_q``: lane → ``(q_ids [k, S] int64, q_probs [k, S] float32)`` for
-            drafters with a sparse q (rows absent here have a one-hot q).
-        """
-        drafts: dict[int, list[int]] = {}
-        draft_q: dict = {}
-        for method, (rs, ks) in self._group_by_method(rows).items():
-            self._add_proposals(drafts, draft_q, rs, self._drafter(method).propose_batch(rs, ks))
-        return drafts, draft_q
-
-    def _propose_rows(self, rows: list[Request]) -> tuple[dict[int, list[int]], dict, list]:
-        """Like :meth:`_drafts_for_rows`, but drafters with device-side ids (early exit) are
-        only queued when :attr:`defer_drafts` is set: their rows are returned as
-        :class:`gpu_engine.drafters.DeviceDrafts` (third item) instead of host ids."""
-        if not self.defer_drafts:
-            drafts, draft_q = self._drafts_for_rows(rows)
-            return drafts, draft_q, []
-        drafts: dict[int, list[int]] = {}
-        draft_q: dict = {}
-        deferred = []
-        for method, (rs, ks) in self._group_by_method(rows).items():
-            drafter = self._drafter(method)
-            if hasattr(drafter, "propose_batch_device"):
-                deferred.append(drafter.propose_batch_device(rs, ks))
-                continue
-            self._add_proposals(drafts, draft_q, rs, drafter.propose_batch(rs, ks))
-        return drafts, draft_q, deferred
-
-    @staticmethod
-    def _add_proposals(drafts: dict, draft_q: dict, rs: list[Request], proposals) -> None:
-        for r, d in zip(rs, proposals):
-            if isinstance(d, tuple):  # sampled drafter: (ids, (q_ids, q_probs))
-                d, q = d
-                if d:
-                    draft_q[r.lane] = q
-            if d:
-                drafts[r.lane] = list(d)
-
     def _step_rows(self, rows: list[Request]) -> None:
         prog = self.program
         # Drafts (speculation) for rows that are past their first token.
@@ -388,31 +283,6 @@ class Engine:
                 self.stats.accepted_draft_tokens += acc
             self._commit(r, toks)
 
-    def _resolve_deferred(self, drafts: dict, draft_q: dict, deferred: list, host_s: float) -> None:
-        """Wait on the deferred drafts' ready events (the exposed draft-ready wait) and add their ids."""
-        wait = 0.0
-        for dd in deferred:
-            wait += dd.wait()
-            self._add_proposals(drafts, draft_q, dd.rows, dd.proposals())
-        self.stats.draft_s += wait
-        self.stats.draft_host_s += host_s
-        self.stats.per_step_draft_host_ms.append(host_s * 1e3)
-        self.stats.deferred_spec_steps += 1
-        if drafts:
-            self.stats.spec_steps += 1
-            self.stats.per_step_draft_ms.append(wait * 1e3)
-
-    def _num_accepted(self, toks: list[int], drafts: list[int]) -> int:
-        """Accepted drafts among a verified row's committed tokens.
-
-        ``toks`` is ``drafts[:n] + [correction or bonus]``, or ``drafts[:n]`` when an
-        accepted EOS draft ended the row (then no further token is drawn).
-        """
-        n = len(toks)
-        if n and n <= len(drafts) and toks[-1] in self.eos and toks == drafts[:n]:
-            return n
-        return max(0, n - 1)
-
     def _sidecar_lost(self, rows: list[Request], why: str) -> None:
         log.error("constraint sidecar lost: %s", why)
         for r in rows:
@@ -481,10 +351,3 @@ class Engine:
             error=None if error is None else {"code": error.code, "kind": error.kind, "message": error.message,
                                                "location": ""}))
         self.program.release_lane(r.lane)
-
-
-def ring_geometry(max_lanes: int, num_draft_tokens: int, vocab_size: int, num_slots: int = 2) -> RingGeometry:
-    """Ring geometry for the engine: ``max_lanes`` rows of ``K + 1`` positions of ``ceil(V/32)`` words."""
-    assert bitmask_words(vocab_size) > 0
-    return RingGeometry(num_slots=num_slots, num_lanes=max_lanes, num_positions=num_draft_tokens + 1,
-                        vocab_size=vocab_size)

@@ -1,14 +1,7 @@
 """CudaProgram: decode through CUDA graphs, masks straight from the pinned ring, one read-back per step.
 
-A decode step is split in two captured phases so the mask upload sits between them:
-
-* **Forward** graph per ``(batch bucket, context bucket)``: static inputs
-  (``ids``, ``lanes``, ``positions``) → model forward → ``logits [L, V]``.
-* **Finish** graph per ``(batch bucket, masked, filters)``: per-lane sampling
-  parameters gathered by lane → bitmask (gathered by lane from the device
-  copy of the ring slot; ``enabled`` flag per row) → the ordinary
-  :func:`gpu_engine.sampling.sample` (counter RNG, batch invariant) → tokens
-  and error codes into one ``[2, L]`` int64 buffer.
+Phases and capture: :mod:`gpu_engine.executor.graph_capture`; buckets:
+:mod:`gpu_engine.executor.graph_buckets`.
 
 Per step the host does: one H2D copy of the packed per-row inputs (pinned),
 Forward launch, (engine waits for the sidecar while the GPU runs), one
@@ -18,25 +11,10 @@ launch, one D2H copy of ``[2, B]`` int64 into pinned memory, and a
 ``cudaEventSynchronize`` on the step's done event before reading it.
 Pure unconstrained steps skip the copy and launch the unmasked Finish variant.
 
-Batch buckets: powers of two up to ``max_lanes`` (plus ``max_lanes``); a batch
-of ``B`` rows runs in the smallest bucket ``>= B``; padding rows repeat row 0's
-lane and token at the **scratch position** ``model.max_seq_len - 1`` of that
-lane (the Program advertises ``max_seq_len - 1`` usable positions, so no real
-row ever writes or attends that position) and their outputs are ignored.
-Context buckets: :func:`gpu_engine.model.llama.context_bucket` values up to
-``max_seq_len`` (``graph_context="buckets"``) or only the full length
-(``"full"``).
-
-Prefill rows run between Forward and Finish through **prefill graphs**, one per
-``(rows, padded prompt length)`` bucket (default rows {1, 2, 4, 8} x lengths
-{32, 64, 128, 256, 512}, see :func:`prefill_graph_buckets`; captured at start-up
-in the same memory pool): static ``[R, T + 2]`` int64 inputs (ids | lane | logit index,
-one pinned H2D copy per group), ``logit_index`` gathered inside the graph, logits into a
-static ``[R, V]`` buffer, then merged into the static logits buffer with a device-side
-index (part of the step's packed inputs). Prompts longer than the largest length
-bucket take the eager chunked prefill. Eager prefill is host-bound (~30 µs of
-Python/dispatch per op, ~600 ops for a 30-layer model: ~17 ms on the H200 host
-whatever the prompt length); a prefill graph replays in ~3.6 ms.
+Padding rows repeat row 0's lane and token at the **scratch position**
+``model.max_seq_len - 1`` of that lane (the Program advertises ``max_seq_len - 1``
+usable positions, so no real row ever writes or attends it); their outputs are ignored.
+Prompts longer than the largest prefill bucket take the eager chunked prefill.
 
 Eager fallbacks (same results, no graphs): speculative steps (drafts) and rows with
 presence/frequency penalties (need per-step output counts). A speculative step with early-exit drafts keeps the draft ids
@@ -48,76 +26,32 @@ event only, sends the sidecar its lookahead Step while the forward runs, and ver
 
 The class also runs on the CPU with ``use_graphs=False`` (no events, no ring
 registration, a staging copy of the slot): CI exercises its buffer
-bookkeeping against :class:`gpu_engine.program.Program`.
+bookkeeping against :class:`gpu_engine.executor.eager.Program`.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .errors import RowError
-from .model.llama import context_bucket
-from .program import PREFILL_CHUNK, Program, _row_error, to_device_async
-from .request import Request
-from .sampling import SamplingTensors, sample
+from gpu_engine.errors import RowError
+from gpu_engine.cuda.transfer import to_device_async
+from gpu_engine.executor.eager import Program, _row_error
+from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
+    _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, StepTiming, batch_buckets,
+    context_buckets, prefill_graph_buckets)
+from gpu_engine.executor.graph_capture import GraphPhases
+from gpu_engine.core.request import Request
 
 log = logging.getLogger("ninfer.cuda_program")
-
-# rows of the packed per-step int64 input buffer [_NUM_I64, L]
-_FWD_IDS, _FWD_LANES, _FWD_POS, _FIN_LANES, _FIN_POS, _FIN_ENABLED, _MERGE = range(7)
-_NUM_I64 = 7
-# prefill graph buckets (rows x padded prompt length); larger prefills stay eager
-PREFILL_GRAPH_ROWS = (1, 2, 4, 8)
-PREFILL_GRAPH_LENS = (32, 64, 128, 256, 512)
-MAX_PREFILL_GRAPHS = 48  # bound on the captured prefill graphs (memory + start-up time)
-
-
-def prefill_graph_buckets(spec: str | None, max_lanes: int, model_seq_len: int,
-                          token_budget: int) -> tuple[list[int], list[int]]:
-    """Prefill-graph buckets ``(rows, lens)`` from a spec.
-
-    ``spec``: ``None``/``"on"`` (defaults :data:`PREFILL_GRAPH_ROWS` x :data:`PREFILL_GRAPH_LENS`),
-    ``"off"``, or ``"R1,R2,..xL1,L2,.."`` (e.g. ``"1,2,4x32,64,128"``); the environment variable
-    ``NINFER_PREFILL_GRAPHS`` gives the spec when ``spec`` is None. Rows are capped at
-    ``max_lanes``, lengths at ``min(model_seq_len, PREFILL_CHUNK)``, ``rows * len`` at the
-    prefill token budget, and the grid at :data:`MAX_PREFILL_GRAPHS` graphs (largest lengths dropped first).
-    """
-    import os
-
-    spec = (spec if spec is not None else os.environ.get("NINFER_PREFILL_GRAPHS", "on")).strip().lower()
-    if spec in ("off", "0", "none", ""):
-        return [], []
-    if spec in ("on", "auto", "1"):
-        rows, lens = list(PREFILL_GRAPH_ROWS), list(PREFILL_GRAPH_LENS)
-    else:
-        a, _, b = spec.partition("x")
-        rows = [int(v) for v in a.split(",") if v.strip()]
-        lens = [int(v) for v in b.split(",") if v.strip()]
-    rows = sorted({r for r in rows if 0 < r <= max_lanes})
-    lens = sorted({t for t in lens if 0 < t <= min(model_seq_len, PREFILL_CHUNK)})
-    if rows:
-        lens = [t for t in lens if rows[-1] * t <= max(1, token_budget)] or lens[:1]
-        while lens and len(rows) * len(lens) > MAX_PREFILL_GRAPHS:
-            lens.pop()
-    if not rows or not lens:
-        return [], []
-    return rows, lens
-_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingTensors)}
-
 
 class RingMask:
     """Marker returned by :meth:`CudaProgram.stage_masks`: the slot is already on its way
     to the device bitmask buffer (rows are addressed by lane, not by batch row).
 
-    ``index_select`` returns the marker itself, so the engine's live-row filtering
-    works unchanged; the Finish phase gathers words by each live row's lane.
-
     Attributes:
-        nbytes: bytes copied host → device for this step.
+        nbytes: bytes copied host -> device for this step.
     """
 
     def __init__(self, nbytes: int) -> None:
@@ -127,51 +61,7 @@ class RingMask:
         return self
 
 
-@dataclass
-class StepTiming:
-    """GPU-side timing of one graph-path step (CUDA events, milliseconds).
-
-    Attributes:
-        batch: rows sampled. prefill: prefill rows in the step. masked: mask copy done.
-        forward_ms: start of the step's input upload → end of Forward (incl. eager prefill).
-        gap_ms: end of Forward → the moment the mask copy (or, unmasked, Finish) was
-            enqueued *and* reached the GPU: time the GPU sat idle waiting for the host
-            (sidecar answer + bookkeeping). This is the **exposed wait**.
-        finish_ms: mask copy + Finish + read-back copy.
-        mask_bytes: bytes of the mask H2D copy (0 when unmasked).
-    """
-
-    batch: int
-    prefill: int
-    masked: bool
-    forward_ms: float
-    gap_ms: float
-    finish_ms: float
-    mask_bytes: int
-
-
-def _batch_buckets(max_lanes: int) -> list[int]:
-    out, b = [], 1
-    while b < max_lanes:
-        out.append(b)
-        b *= 2
-    return out + [max_lanes]
-
-
-def _context_buckets(max_seq_len: int, mode: str) -> list[int]:
-    if mode == "full":
-        return [max_seq_len]
-    out, n = [], 1
-    while True:
-        c = context_bucket(n, max_seq_len)
-        if not out or c != out[-1]:
-            out.append(c)
-        if c >= max_seq_len:
-            return out
-        n = c + 1
-
-
-class CudaProgram(Program):
+class CudaProgram(GraphPhases, Program):
     """Program with static device buffers, CUDA-graph decode and a registered mask ring.
 
     Args:
@@ -230,8 +120,8 @@ class CudaProgram(Program):
         self._fwd_rows: list[Request] | None = None
         self._eager_step = False
         self._step_mask_bytes = 0
-        self.batch_buckets = _batch_buckets(L)
-        self.context_buckets = _context_buckets(self.model_seq_len, graph_context)
+        self.batch_buckets = batch_buckets(L)
+        self.context_buckets = context_buckets(self.model_seq_len, graph_context)
         self.timing = timing and self.is_cuda
         self.step_timings: list[StepTiming] = []
         # static prefill phase (CUDA graphs per (rows, padded length) bucket; eager on the CPU)
@@ -253,7 +143,7 @@ class CudaProgram(Program):
         self._registration = None
         self._events = None
         if self.is_cuda:
-            from . import cuda as cu
+            from gpu_engine import cuda as cu
 
             self._cu = cu
             self._events = {k: cu.Event(timing=True) for k in ("start", "fwd", "mask", "done")}
@@ -287,106 +177,6 @@ class CudaProgram(Program):
     def ring_registered(self) -> bool:
         """True when the mask ring is page-locked via cudaHostRegister."""
         return self._registration is not None
-
-    # ------------------------------------------------------------ phases
-    def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream if self.is_cuda else 0
-
-    def _forward_phase(self, b: int, ctx: int) -> None:
-        """Forward of bucket ``b`` at context ``ctx``: static inputs → ``logits[:b]``."""
-        ids = self._i64[_FWD_IDS, :b].unsqueeze(1)
-        out = self.model.forward(ids, self._i64[_FWD_LANES, :b], self._i64[_FWD_POS, :b], max_context=ctx)
-        self.logits[:b].copy_(out[:, 0])
-
-    def _prefill_phase(self, r: int, t: int) -> None:
-        """Prefill of ``r`` rows right-padded to ``t`` tokens from position 0: static ``_pf_in``
-        → ``_pf_out[:r]`` (logits at each row's ``logit_index``, gathered inside the forward)."""
-        x = self._pf_in
-        lg = self.model.forward(x[:r, :t], x[:r, self._pf_T], self._pf_zero[:r],
-                                max_context=context_bucket(t, self.model_seq_len),
-                                logit_index=x[:r, self._pf_T + 1])
-        self._pf_out[:r].copy_(lg[:, 0])
-
-    def _finish_phase(self, b: int, masked: bool, filters: bool) -> None:
-        """Finish of bucket ``b``: mask + sampling of ``logits[:b]`` → ``_out[:, :b]``."""
-        lanes = self._i64[_FIN_LANES, :b]
-        kw = dict(
-            temperature=self._lane_f32[0].index_select(0, lanes),
-            top_k=self._lane_i64[0].index_select(0, lanes).to(torch.int32),
-            top_p=self._lane_f32[1].index_select(0, lanes),
-            min_p=self._lane_f32[2].index_select(0, lanes),
-            presence_penalty=self._zeros_f32[:b], frequency_penalty=self._zeros_f32[:b],
-            repetition_penalty=self._ones_f32[:b],
-            seed=self._lane_i64[1].index_select(0, lanes), output_counts=None, use_filters=filters)
-        st = SamplingTensors(**{k: v for k, v in kw.items() if k in _SAMPLING_FIELDS})
-        words = enabled = None
-        if masked:
-            words = self.words[:, 0].index_select(0, lanes)  # [b, W] int32
-            enabled = self._i64[_FIN_ENABLED, :b] != 0
-        tok, err = sample(self.logits[:b], st, words, enabled, self._i64[_FIN_POS, :b])
-        self._out[0, :b].copy_(tok)
-        self._out[1, :b].copy_(err)
-
-    def _capture(self, fn) -> tuple:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._pool, stream=self._capture_stream):
-            fn()
-        if self._pool is None:
-            self._pool = g.pool()
-        return g, self._cu.graph_exec_handle(g)
-
-    @torch.inference_mode()
-    def _capture_all(self) -> None:
-        """Capture every Forward and Finish graph (largest first, one shared memory pool)."""
-        self._pool = None
-        self._capture_stream = torch.cuda.Stream(self.device)
-        # inputs that write only the scratch position of lane 0
-        self._i64[_FWD_POS].fill_(self.scratch_pos)
-        self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
-        for b in reversed(self.batch_buckets):
-            for ctx in reversed(self.context_buckets):
-                fn = lambda b=b, ctx=ctx: self._forward_phase(b, ctx)  # noqa: E731
-                with torch.cuda.stream(self._capture_stream):
-                    fn()  # warm-up (cuBLAS handles, kernel selection) outside capture
-                self._fwd_graphs[(b, ctx)] = self._capture(fn)
-            for masked in (True, False):
-                for filters in (True, False):
-                    fn = lambda b=b, m=masked, f=filters: self._finish_phase(b, m, f)  # noqa: E731
-                    with torch.cuda.stream(self._capture_stream):
-                        fn()
-                    self._fin_graphs[(b, masked, filters)] = self._capture(fn)
-        if self.prefill_rows_buckets:
-            import time
-
-            torch.cuda.synchronize(self.device)
-            t0, m0 = time.perf_counter(), torch.cuda.memory_reserved(self.device)
-            self._pf_in.zero_()  # lane 0, ids 0, from position 0: nothing is resident at start-up
-            for t in reversed(self.prefill_len_buckets):
-                for r in reversed(self.prefill_rows_buckets):
-                    fn = lambda r=r, t=t: self._prefill_phase(r, t)  # noqa: E731
-                    with torch.cuda.stream(self._capture_stream):
-                        fn()
-                    self._pf_graphs[(r, t)] = self._capture(fn)
-            torch.cuda.synchronize(self.device)
-            self.prefill_graph_capture_s = time.perf_counter() - t0
-            self.prefill_graph_pool_bytes = torch.cuda.memory_reserved(self.device) - m0
-        torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
-        torch.cuda.synchronize(self.device)
-        log.info("captured %d forward, %d finish and %d prefill CUDA graphs (batch buckets %s, context buckets %s, "
-                 "prefill rows %s x lengths %s: %.2fs, +%.0f MiB reserved)",
-                 len(self._fwd_graphs), len(self._fin_graphs), len(self._pf_graphs), self.batch_buckets,
-                 self.context_buckets, self.prefill_rows_buckets, self.prefill_len_buckets,
-                 self.prefill_graph_capture_s, self.prefill_graph_pool_bytes / 2**20)
-
-    def _run(self, graphs: dict, key: tuple, fn) -> None:
-        if not self.use_graphs:
-            fn()
-            return
-        g, handle = graphs[key]
-        if handle is not None:
-            self._cu.launch_graph(handle, self._stream())
-        else:
-            g.replay()
 
     def _bucket_of(self, n: int) -> int:
         return next(b for b in self.batch_buckets if b >= n)

@@ -7,7 +7,7 @@ Alg. 2), with the constraint applied to the target only (seed 000 §8,
 DESIGN.md "Speculative"):
 
 * ``p_i`` is the *masked, processed* target distribution at verify position
-  ``i`` (:func:`gpu_engine.sampling.target_probs` with the bitmask of position
+  ``i`` (:func:`gpu_engine.sample.sampler.target_probs` with the bitmask of position
   ``i``, which the sidecar computed for prefix + ``drafts[:i]``, and with
   penalty counts that include ``drafts[:i]``).
 * ``q_i`` is the real proposal distribution that produced draft ``d_i``:
@@ -35,7 +35,7 @@ DESIGN.md "Speculative"):
   needs ``p_i(d_i) > 0`` and hence a healthy ``p_i``, so checking the draw
   position alone is exact.
 
-Randomness (``gpu_engine.rng``): the accept test of verify column ``i`` uses
+Randomness (``gpu_engine.sample.rng``): the accept test of verify column ``i`` uses
 ``Purpose.SPEC_ACCEPT`` at output position ``positions + i``; the final draw
 uses ``Purpose.SPEC_RESIDUAL`` (after a rejection) or ``Purpose.BONUS`` at the
 output position of the emitted token.
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_engine.rng import Purpose, uniform
-from gpu_engine.sampling import (
+from gpu_engine.sample.rng import Purpose, uniform
+from gpu_engine.sample.sampler import (
     SAMPLE_ERR_EMPTY_MASK,
     SAMPLE_ERR_NONFINITE,
     SAMPLE_OK,

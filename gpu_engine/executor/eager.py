@@ -12,28 +12,15 @@ import logging
 import numpy as np
 import torch
 
-from .errors import RowError
-from .request import Request
-from .sampling import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
+from gpu_engine.cuda.transfer import to_device_async  # noqa: F401 - re-exported for the executors
+from gpu_engine.errors import RowError
+from gpu_engine.core.request import Request
+from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
 
 log = logging.getLogger("ninfer.program")
 
 PREFILL_CHUNK = 512  # prompt tokens of one row per prefill forward (long prompts run in chunks)
 PREFILL_TOKEN_BUDGET = 4096  # padded tokens (rows x longest piece) per batched prefill forward
-
-
-def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on ``device`` without blocking the host.
-
-    ``torch.tensor(list, device="cuda")`` copies from pageable memory, which makes the host
-    wait until everything already queued on the stream has run (a prefill launched behind a
-    decode graph would wait for it, and the next launches for the prefill). Pinned memory and
-    ``non_blocking`` keep the host free (torch's pinned-memory cache keeps the buffer alive
-    until the copy is done).
-    """
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _row_error(code: int) -> RowError:
@@ -86,7 +73,7 @@ class Program:
         return torch.from_numpy(words_np.view(np.int32)), torch.from_numpy(status_np), words_np.nbytes
 
     def _bucket(self, n: int) -> int:
-        from .model.llama import context_bucket
+        from gpu_engine.model.llama import context_bucket
 
         return context_bucket(n, self.max_seq_len)
 
@@ -146,7 +133,7 @@ class Program:
         Args:
             rows: this step's rows.
             drafts: lane → host draft ids (e.g. n-gram rows).
-            deferred: :class:`gpu_engine.drafters.DeviceDrafts` whose ``ids [b, kmax]`` are device
+            deferred: :class:`gpu_engine.spec.drafters.DeviceDrafts` whose ``ids [b, kmax]`` are device
                 tensors not yet read back (their lanes are not in ``drafts``); row ``i`` of one
                 has exactly ``ks[i]`` drafts.
 
@@ -274,7 +261,7 @@ class Program:
         return out
 
     def _prefill_ctx(self, n: int) -> int:
-        from .model.llama import context_bucket
+        from gpu_engine.model.llama import context_bucket
 
         return context_bucket(n, self.model.max_seq_len)
 
@@ -324,7 +311,7 @@ class Program:
         """
         st = self.sampling_tensors(rows)
         if any(drafts.get(r.lane) for r in rows):
-            from .spec_step import verify_rows
+            from gpu_engine.spec.step import verify_rows
 
             return verify_rows(self, rows, logits, drafts, draft_q, words, status, enabled, st)
         w0 = None if words is None else words[:, 0].to(self.device, non_blocking=True)
@@ -338,21 +325,3 @@ class Program:
                 r.num_cached += 1
             out.append(([], _row_error(e)) if e else ([int(t)], None))
         return out
-
-
-def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
-    """The Program for a loaded model: CUDA (graphs, cuda-python events, pinned ring) or eager CPU.
-
-    Args:
-        loaded: a :class:`gpu_engine.model.loader.LoadedModel`.
-        ring: the engine's :class:`shared_memory.ring.MaskRing` (registered as
-            pinned host memory on CUDA).
-        cuda_graphs: ``"auto"`` (on when CUDA), ``"on"`` or ``"off"`` (CUDA: same static
-            buffers and phases, run eagerly).
-    """
-    dev = loaded.model.device
-    if dev.type == "cuda":
-        from .cuda_program import CudaProgram
-
-        return CudaProgram(loaded.model, loaded.vocab.vocab_size, dev, ring, use_graphs=cuda_graphs != "off")
-    return Program(loaded.model, loaded.vocab.vocab_size, dev)

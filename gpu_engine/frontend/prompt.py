@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import RequestError
+from gpu_engine.errors import RequestError
 
 CHAT_ROLES = ("system", "user", "assistant")
 

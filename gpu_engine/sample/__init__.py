@@ -1,0 +1,1 @@
+"""Sampling: counter-based RNG, bitmask unpacking, and the sampler (penalties, top-k/top-p/min-p, Gumbel draw)."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters, verification (rejection sampling), and the registry of methods."""
