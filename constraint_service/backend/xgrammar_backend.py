@@ -198,6 +198,11 @@ class XGrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError
             raise translate_xgrammar_error(exc, source, kind) from None
 
+    @staticmethod
+    def concat(grammars: Sequence["xgr.Grammar"]) -> "xgr.Grammar":
+        """The concatenation of the grammars' languages (xgrammar renames clashing rules)."""
+        return xgr.Grammar.concat(*grammars)
+
     def compile(self, grammar: "xgr.Grammar", *, kind: ConstraintKind | str, key: tuple,
                 error_kind: str = "InvalidGrammar") -> CompiledConstraint:
         """Compile a parsed grammar against this vocabulary (single-threaded, GIL released).
