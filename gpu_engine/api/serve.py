@@ -81,6 +81,17 @@ def build_stack(args: argparse.Namespace):
     return engine, frontend, loaded
 
 
+def chat_output_frontend(loaded, frontend):
+    """Tools / thinking frontend of the loaded model (family from its architecture and template), or None
+    when the model has no chat template."""
+    from gpu_engine.frontend.output import ChatOutputFrontend, family_rules
+
+    template = loaded.chat_template
+    if template is None:
+        return None
+    return ChatOutputFrontend(frontend, family_rules(loaded.config.arch, template.source), template)
+
+
 def serve_main(argv: list[str] | None = None) -> int:
     """Entry point of ``ninfer serve``; returns the process exit code."""
     args = build_parser().parse_args(argv)
@@ -104,7 +115,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     engine.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 8 << 20)])
-    add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default), server)
+    add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default,
+                                               chat_output=chat_output_frontend(loaded, frontend)), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection([

@@ -25,6 +25,8 @@ from gpu_engine.engine.loop import Engine
 from gpu_engine.errors import RequestError
 from gpu_engine.frontend.prompt import Frontend, validate_messages
 from gpu_engine.core.request import ConstraintRef, Delta, Finish, Request, SamplingOptions
+from gpu_engine.api.tools_convert import chat_messages_of, thinking_of, tool_choice_of, tools_of, uses_tools_or_thinking
+from gpu_engine.frontend.output import ChatOutputFrontend
 
 log = logging.getLogger("ninfer.server")
 _tracer = get_tracer("ninfer.gpu_engine.server")
@@ -32,7 +34,8 @@ _tracer = get_tracer("ninfer.gpu_engine.server")
 MAX_CONSTRAINT_SOURCE_BYTES = 1 << 20  # 1 MiB of schema / grammar / regex text
 MAX_CHOICES = 4096
 _FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "error": pb.FINISH_REASON_ERROR,
-           "cancelled": pb.FINISH_REASON_CANCELLED}
+           "cancelled": pb.FINISH_REASON_CANCELLED, "tool_calls": pb.FINISH_REASON_TOOL_CALLS}
+_CHANNEL = {"content": pb.CHANNEL_CONTENT, "reasoning": pb.CHANNEL_REASONING, "tool_call": pb.CHANNEL_TOOL_CALL}
 _CACHE = {"hit": pb.CACHE_STATUS_HIT, "built": pb.CACHE_STATUS_BUILT, "waited": pb.CACHE_STATUS_WAITED}
 SPEC_METHODS = {pb.SPECULATIVE_METHOD_NONE: "none", pb.SPECULATIVE_METHOD_NGRAM: "ngram",
                 pb.SPECULATIVE_METHOD_EARLY_EXIT: "early-exit",
@@ -84,10 +87,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         default_max_tokens: budget when a request gives 0.
     """
 
-    def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256) -> None:
+    def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256,
+                 chat_output: "ChatOutputFrontend | None" = None) -> None:
         self.engine = engine
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
+        #: tools / thinking support of the served model (None: plain chat only)
+        self.chat_output = chat_output
 
     # ----------------------------------------------------------- validation
     def _sampling(self, msg: pb.GenerateRequest, request_id: str) -> SamplingOptions:
@@ -122,16 +128,30 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         if which is None:
             raise RequestError("InvalidRequest", "expected one of `prompt` or `chat`, got neither")
         prefix = b""
+        plan = None
+        constraint = _constraint_of(msg)
         if which == "chat":
-            msgs = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
+            msgs = chat_messages_of(msg.chat)
             validate_messages(msgs)
             if msg.chat.continue_final_message:
                 if msgs[-1]["role"] != "assistant":
                     raise RequestError("InvalidRequest", "continue_final_message needs a final assistant message, "
                                        f"got role {msgs[-1]['role']!r}")
                 prefix = msgs[-1]["content"].encode()
-            prompt_ids = self.frontend.encode_chat(msgs, continue_final=msg.chat.continue_final_message)
+            tools, choice, thinking = _frontend_errors(lambda: (tools_of(msg), tool_choice_of(msg), thinking_of(msg)))
+            co = self.chat_output
+            if co is not None and co.needs_plan(tools, choice, thinking, msgs):
+                prompt_ids, plan = _frontend_errors(lambda: co.prepare(
+                    msgs, tools, choice, thinking, constraint.kind if constraint else None,
+                    constraint.source if constraint else None, continue_final=msg.chat.continue_final_message))
+            elif uses_tools_or_thinking(msg):
+                raise RequestError("InvalidRequest", "this server's model has no tool / thinking frontend", "/tools")
+            else:
+                prompt_ids = self.frontend.encode_chat(msgs, continue_final=msg.chat.continue_final_message)
         else:
+            if uses_tools_or_thinking(msg):
+                raise RequestError("InvalidRequest", "tools and thinking need chat input (`chat`), not `prompt`",
+                                   "/tools")
             prompt_ids = self.frontend.encode_prompt(msg.prompt)
         if not prompt_ids:
             raise RequestError("InvalidRequest", "the prompt is empty (0 tokens)")
@@ -141,7 +161,6 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                f"{max_ctx} (at least 1 must remain for output)")
         max_tokens = msg.max_tokens or self.default_max_tokens
         sampling = self._sampling(msg, request_id)
-        constraint = _constraint_of(msg)
         if msg.speculative.method not in SPEC_METHODS and msg.speculative.method != pb.SPECULATIVE_METHOD_UNSPECIFIED:
             raise RequestError("InvalidRequest", f"unknown speculative method {msg.speculative.method}")
         method = SPEC_METHODS.get(msg.speculative.method, self.engine.spec_method)
@@ -152,14 +171,23 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         if method != "none" and self.engine.num_draft_tokens == 0:
             raise RequestError("InvalidRequest", "speculative decoding is not enabled on this server "
                                "(start it with --num-draft-tokens K)")
+        wrapper = ""
+        if plan is not None and plan.wrapped:
+            wrapper = plan.grammar_key()
+            if constraint is None:  # the tool / thinking language alone
+                constraint = ConstraintRef("tools" if plan.policy.tools else "thinking")
         req = Request(request_id=request_id, prompt_ids=prompt_ids, max_tokens=max_tokens, sampling=sampling,
                       constraint=constraint, spec_method=method, num_draft_tokens=k if method != "none" else 0)
+        if plan is not None:
+            req.output = self.chat_output.new_stream(plan)
         if constraint is not None:
             sc = self.engine.sidecar
             if sc is None:
                 raise RequestError("ConstraintServiceUnavailable", "this server runs without a constraint sidecar",
                                    code=grpc.StatusCode.FAILED_PRECONDITION)
-            info = sc.prepare(request_id, constraint.kind, constraint.source, list(constraint.choices), prefix)
+            body_kind = "" if constraint.kind in ("tools", "thinking") else constraint.kind
+            info = sc.prepare(request_id, body_kind, constraint.source, list(constraint.choices), prefix,
+                              wrapper=wrapper)
             req.sidecar_generation = info.generation
             req.constraint_info = {"cache": info.cache, "prepare_seconds": info.prepare_seconds}
         return req
@@ -183,7 +211,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             while True:
                 ev = req.events.get()
                 if isinstance(ev, Delta):
-                    yield pb.GenerateResponse(text=ev.text, token_ids=ev.token_ids)
+                    resp = pb.GenerateResponse(text=ev.text, token_ids=ev.token_ids)
+                    if req.output is not None:
+                        resp.channel = _CHANNEL[ev.channel]
+                        resp.tool_call_index = ev.call_index
+                        if ev.call is not None:
+                            resp.tool_call.CopyFrom(pb.ToolCall(**ev.call))
+                    yield resp
                     continue
                 assert isinstance(ev, Finish)
                 span.set_attribute("gen_ai.usage.input_tokens", ev.prompt_tokens)
@@ -203,8 +237,14 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 kind=c["kind"], complete=bool(c.get("complete")), terminated=bool(c.get("terminated")),
                 cache=_CACHE.get(c.get("cache", ""), pb.CACHE_STATUS_UNSPECIFIED),
                 prepare_seconds=float(c.get("prepare_seconds", 0.0)), mask_positions=int(c.get("mask_positions", 0))))
+            if c.get("branch"):
+                f.constraint.branch = c["branch"]
         if ev.error is not None:
             f.error.CopyFrom(pb.ErrorDetail(**ev.error))
+        for call in ev.tool_calls:
+            f.tool_calls.add(**call)
+        if ev.reasoning is not None:
+            f.reasoning = ev.reasoning
         return f
 
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
@@ -222,6 +262,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         except RequestError as e:
             _abort(context, e)
         return pb.CountTokensResponse(num_tokens=len(ids), max_context_tokens=self.engine.program.max_seq_len)
+
+
+def _frontend_errors(fn):
+    """Runs ``fn``; a project RequestError (frontend plan / contract rejections) becomes the servicer's."""
+    from ninfer_common.errors import RequestError as CommonRequestError
+
+    try:
+        return fn()
+    except CommonRequestError as e:
+        raise RequestError(str(e.kind), e.message, e.location) from None
 
 
 class _Undecodable:

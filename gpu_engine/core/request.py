@@ -51,14 +51,23 @@ class Finish:
     accepted_draft_tokens: int = 0
     constraint: dict[str, Any] | None = None
     error: dict[str, str] | None = None
+    reasoning: str | None = None  # the reasoning text (None: no thinking stage)
+    tool_calls: list[dict[str, str]] = field(default_factory=list)  # [{"id", "name", "arguments_json"}]
 
 
 @dataclass
 class Delta:
-    """Streamed output: new text (complete UTF-8) and the token ids behind it."""
+    """Streamed output: new text (complete UTF-8) and the token ids behind it.
+
+    ``channel``: ``"content"``, ``"reasoning"`` or ``"tool_call"`` (raw call wire text); ``call_index``:
+    the call's index in the turn; ``call``: ``{"id", "name", "arguments_json"}`` when this delta completes one.
+    """
 
     text: str
     token_ids: list[int]
+    channel: str = "content"
+    call_index: int = 0
+    call: dict[str, str] | None = None
 
 
 @dataclass
@@ -96,6 +105,7 @@ class Request:
     accepted_draft_tokens: int = 0
     finished: bool = False
     detok: Any = None  # IncrementalDetokenizer, set at admission
+    output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
 
     def cancel(self) -> None:
         """Ask the engine to stop this request (takes effect at the next step)."""

@@ -312,13 +312,41 @@ class Engine(Drafting):
                 break
             if len(r.output_ids) >= r.max_tokens:
                 break
-        text = r.detok.add(emitted)
-        if text or emitted:
-            r.events.put(Delta(text, emitted))
+        if r.output is not None:
+            if not self._publish_output(r, emitted):
+                return
+        else:
+            text = r.detok.add(emitted)
+            if text or emitted:
+                r.events.put(Delta(text, emitted))
         if stop:
             self._finish(r, "stop")
         elif len(r.output_ids) >= r.max_tokens or r.num_cached + 1 >= prog.max_seq_len:
             self._finish(r, "length")
+
+    def _publish_output(self, r: Request, emitted: list[int]) -> bool:
+        """Decode a committed step into channel deltas (reasoning / content / tool call); False when the
+        request failed (a grammar-complete call the decoder cannot read is an integrity error)."""
+        from ninfer_common.errors import RowError as _RowError
+
+        try:
+            deltas = r.output.commit(emitted)
+        except _RowError as e:
+            self._finish(r, "error", error=RowError("IntegrityError", e.message))
+            return False
+        self._put_deltas(r, deltas, emitted)
+        return True
+
+    @staticmethod
+    def _put_deltas(r: Request, deltas: list, token_ids: list[int]) -> None:
+        if not deltas:
+            if token_ids:
+                r.events.put(Delta("", token_ids))
+            return
+        for i, d in enumerate(deltas):
+            call = None if d.call is None else {"id": d.call.id, "name": d.call.name,
+                                                 "arguments_json": d.call.arguments_json}
+            r.events.put(Delta(d.text, token_ids if i == 0 else [], d.channel, d.call_index, call))
 
     def _finish(self, r: Request, reason: str, error: RowError | None = None) -> None:
         if r.finished:
@@ -340,14 +368,24 @@ class Engine(Drafting):
                 except RowError as e:
                     if error is None and reason not in ("cancelled",):
                         reason, error = "error", e
-        tail = r.detok.flush() if r.detok is not None else ""
-        if tail:
-            r.events.put(Delta(tail, []))
+        reasoning, tool_calls = None, []
+        if r.output is not None:
+            out, res = r.output.finish(reason)
+            self._put_deltas(r, out, [])
+            reason = res.finish_reason if reason in ("stop", "length") else reason
+            reasoning = res.reasoning
+            tool_calls = [{"id": c.id, "name": c.name, "arguments_json": c.arguments_json} for c in res.tool_calls]
+            if constraint is not None:
+                constraint["branch"] = res.branch
+        else:
+            tail = r.detok.flush() if r.detok is not None else ""
+            if tail:
+                r.events.put(Delta(tail, []))
         self.metrics.request_finished(reason, r.constraint.kind if r.constraint else "", len(r.output_ids),
                                       r.draft_tokens, r.accepted_draft_tokens, constraint)
         r.events.put(Finish(
             finish_reason=reason, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.output_ids),
             draft_tokens=r.draft_tokens, accepted_draft_tokens=r.accepted_draft_tokens, constraint=constraint,
             error=None if error is None else {"code": error.code, "kind": error.kind, "message": error.message,
-                                               "location": ""}))
+                                               "location": ""}, reasoning=reasoning, tool_calls=tool_calls))
         self.program.release_lane(r.lane)

@@ -5,7 +5,7 @@ from typing import Any
 
 from gpu_engine.errors import RequestError
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def validate_messages(messages: list[dict[str, str]]) -> None:
@@ -14,7 +14,7 @@ def validate_messages(messages: list[dict[str, str]]) -> None:
         raise RequestError("InvalidRequest", "chat has no messages")
     for m in messages:
         if m["role"] not in CHAT_ROLES:
-            raise RequestError("InvalidRequest", f"unknown chat role {m['role']!r} (expected system, user or assistant)")
+            raise RequestError("InvalidRequest", f"unknown chat role {m['role']!r} (expected system, user, assistant or tool)")
 
 
 class Frontend:
