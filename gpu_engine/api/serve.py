@@ -56,7 +56,9 @@ def build_stack(args: argparse.Namespace):
     from gpu_engine.model.loader import load_model
     from gpu_engine.sidecar.client import Sidecar
 
-    path = ensure_model(args.model)
+    from gpu_engine.model.config import PRESETS
+
+    path = args.model if args.model in PRESETS else ensure_model(args.model)  # presets: random weights
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     loaded = load_model(str(path), device=args.device, dtype=dtype, max_lanes=args.max_lanes,
                         max_seq_len=args.max_seq_len)
