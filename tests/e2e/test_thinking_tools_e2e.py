@@ -83,3 +83,20 @@ def test_reasoning_without_budget_is_never_cut_by_eos(qwen_client):
     # EOS is banned inside the reasoning: a random model runs into the length limit, never "stop"
     _, r = collect(qwen_client, thinking=True, max_tokens=12, temperature=1.0, seed=9)
     assert r.finish_reason == "length" and r.text == "" and r.reasoning
+
+
+def test_continuation_under_a_schema_keeps_thinking_closed(qwen_client):
+    # seed scenario: continuing a final assistant message {"ok": under a schema; thinking stays closed
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    msgs = ASK + [{"role": "assistant", "content": '{"ok":'}]
+    r = qwen_client.generate_text(messages=msgs, continue_final_message=True, max_tokens=20, temperature=1.0, seed=3,
+                                  constraint={"json_schema": json.dumps(schema)})
+    assert r.reasoning is None and r.finish_reason in ("stop", "length")
+    if r.finish_reason == "stop":
+        jsonschema.validate(json.loads('{"ok":' + r.text), schema)
+    from clients.errors import RequestRejected
+
+    with pytest.raises(RequestRejected) as ei:
+        qwen_client.generate_text(messages=msgs, continue_final_message=True, thinking=True, max_tokens=4)
+    assert ei.value.location == "/thinking/enabled"
