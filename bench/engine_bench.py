@@ -7,7 +7,7 @@ usage:
 
 What it runs, in one process (no gRPC front end: the Engine is driven in-process,
 with the real constraint sidecar subprocess and the shared-memory mask ring, as
-``gpu_engine/serve.py``'s ``build_stack`` builds them):
+``gpu_engine/api/serve.py``'s ``build_stack`` builds them):
 
 * per model (``--model``: real weights; ``--preset``: **random weights**, same
   tokenizer, labelled so in every table row and plot) and batch size B:

@@ -7,7 +7,7 @@ usage:
   python bench/spec_bench.py --plot bench/results/spec_cpu.json      # table + plots from saved results
 
 What it runs (one process, no gRPC front end: the Engine is driven in-process with the real constraint
-sidecar subprocess and the shared-memory ring, as ``gpu_engine/serve.py``'s ``build_stack`` builds
+sidecar subprocess and the shared-memory ring, as ``gpu_engine/api/serve.py``'s ``build_stack`` builds
 them; requests go through ``GenerationServicer.build_request`` like real ones, with the per-request
 speculative override):
 

@@ -31,7 +31,9 @@ from .errors import NInferError, RequestRejected, ServerError, exception_from_rp
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
-CONSTRAINT_KINDS = ("json_object", "json_schema", "grammar", "regex", "choice")
+#: Constraint kinds, read from the public proto (the ``OutputConstraint.kind`` oneof), so a kind
+#: added to the proto needs no change here.
+CONSTRAINT_KINDS = tuple(f.name for f in pb.OutputConstraint.DESCRIPTOR.oneofs_by_name["kind"].fields)
 
 SPECULATIVE_METHODS = {
     "none": pb.SPECULATIVE_METHOD_NONE,
@@ -430,7 +432,7 @@ def build_constraint(constraint: Mapping[str, Any] | None) -> pb.OutputConstrain
         if not isinstance(value, str):
             raise _invalid("json_schema must be JSON text or a dict")
         oc.json_schema = value
-    elif kind in ("grammar", "regex"):
+    elif pb.OutputConstraint.DESCRIPTOR.fields_by_name[kind].message_type is None:  # text source: grammar, regex, ...
         if not isinstance(value, str):
             raise _invalid(f"{kind} must be a string")
         setattr(oc, kind, value)

@@ -26,21 +26,20 @@ from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
 from ninfer_common.grpc_status import make_rpc_status
 from ninfer_common.telemetry import get_tracer
-from shared_memory.layout import STATUS_DEAD_END
 from shared_memory.ring import MaskRing
 
 from .compiler import ConstraintCompiler
 from .errors import ConstraintError, IntegrityError
 from .session import OutputSession, fill_rows
-from .types import ConstraintSpec
+from .registry import kind_entry
+from .types import CacheStatus, ConstraintSpec
 from .vocab import Vocabulary
 
 log = logging.getLogger("ninfer.sidecar")
 _tracer = get_tracer("ninfer.constraint_service")
 
-_INVALID_KIND = {"grammar": "InvalidGrammar", "regex": "InvalidRegex", "choice": "InvalidChoice",
-                 "json_schema": "InvalidSchema", "json_object": "InvalidGrammar"}
-_CACHE = {"hit": pb.CACHE_STATUS_HIT, "built": pb.CACHE_STATUS_BUILT, "waited": pb.CACHE_STATUS_WAITED}
+_CACHE = {CacheStatus.HIT: pb.CACHE_STATUS_HIT, CacheStatus.BUILT: pb.CACHE_STATUS_BUILT,
+          CacheStatus.WAITED: pb.CACHE_STATUS_WAITED}
 
 
 @dataclass
@@ -164,14 +163,14 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 compiled, info = compiler.compile(spec)
                 session = OutputSession(compiled, prefix=bytes(request.prefix))
             except ConstraintError as e:
-                span.set_attribute("ninfer.constraint.error", e.kind)
-                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, e.kind, e.message, e.location)
+                span.set_attribute("ninfer.constraint.error", str(e.kind))
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e.kind), e.message, e.location)
             except (RecursionError, MemoryError) as e:  # belt and braces: the compiler maps these
-                kind = _INVALID_KIND.get(c.kind, "InvalidGrammar")
+                kind = str(kind_entry(spec.kind).error_kind)
                 span.set_attribute("ninfer.constraint.error", kind)
                 msg = ("nesting too deep" if isinstance(e, RecursionError) else "source too large to process")
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, kind, f"{msg} ({c.kind} constraint)")
-            span.set_attribute("ninfer.constraint.cache", info.cache)
+            span.set_attribute("ninfer.constraint.cache", str(info.cache))
         with self._lock:
             if request.request_id in self._sessions:
                 _abort(context, grpc.StatusCode.ALREADY_EXISTS, "DuplicateRequest",
@@ -228,6 +227,9 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         seen: set[str] = set()
         for r in rows:
             rid, lane = r.request_id, r.row
+            if r.close:
+                out.append(self._close_row(rid, lane, r.commit_tokens))
+                continue
             live = sessions.get(rid)
             if live is None:
                 out.append([rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}"])
@@ -260,7 +262,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 errors = fill_rows(fill, drafts_of, bitmask, status)
             except IntegrityError as e:  # malformed views: the whole step
                 errors = [e] * num_lanes
-            lane_status = status[:, 0]
             for j, lane, live in filled:
                 err = errors[lane]
                 o = out[j]
@@ -268,18 +269,42 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                     o[2], o[5] = INTEGRITY, str(err)
                     continue
                 live.mask_positions += len(drafts_of[lane]) + 1
-                if lane_status[lane] == STATUS_DEAD_END:
-                    o[2], o[5] = pb.ROW_STATUS_DEAD_END, "no legal next token (ConstraintDeadEnd)"
+                # a dead end is reported once: the ring's status byte (STATUS_DEAD_END) of that position
         ring.end_write(req.slot, req.step_seq)
         resp = pb.StepResponse(step_seq=req.step_seq, slot=req.slot)
         add = resp.rows.add  # in place: cheaper than building RowResult messages and copying them
         for o in out:
-            if o[5]:
+            if len(o) > 6:  # a closed session
+                add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5],
+                    mask_positions=o[6])
+            elif o[5]:
                 add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5])
             else:
                 add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4])
         resp.work_seconds = time.perf_counter() - t0
         return resp
+
+    def _close_row(self, rid: str, lane: int, final_tokens) -> list:
+        """A ``close`` row of a Step: commit the request's final tokens, end its session.
+
+        Returns the row's result ``[request_id, row, status, complete, terminated, error, mask_positions]``;
+        an unknown session or rejected final tokens are an integrity error (not a user error).
+        """
+        with self._lock:
+            live = self._sessions.pop(rid, None)
+        if live is None:
+            return [rid, lane, pb.ROW_STATUS_INTEGRITY_ERROR, False, False, f"no session for request {rid!r}", 0]
+        s, err = live.session, ""
+        if final_tokens:
+            try:
+                s.preview(list(final_tokens))
+                s.commit()
+            except IntegrityError as e:
+                s.discard()
+                log.error("integrity error at close: request_id=%s tokens=%s: %s", rid, list(final_tokens), e)
+                err = str(e)
+        status = pb.ROW_STATUS_INTEGRITY_ERROR if err else pb.ROW_STATUS_OK
+        return [rid, lane, status, s.is_complete, s.is_terminated, err, live.mask_positions]
 
     def close(self) -> None:
         """Detach from the ring (does not unlink it)."""

@@ -45,6 +45,7 @@ class ErrorKind(enum.StrEnum):
     # the constraint sidecar
     CONSTRAINT_SERVICE_UNAVAILABLE = "ConstraintServiceUnavailable"
     CONSTRAINT_SERVICE_ERROR = "ConstraintServiceError"
+    CONSTRAINT_ERROR = "ConstraintError"  # a sidecar rejection without a structured detail
     INVALID_VOCABULARY = "InvalidVocabulary"
     RING_ERROR = "RingError"
     # runtime failures of one row
@@ -84,6 +85,7 @@ DEFAULT_STATUS: dict[ErrorKind, Status] = {
     ErrorKind.INVALID_VOCABULARY: Status.INVALID_ARGUMENT,
     ErrorKind.CONSTRAINT_SERVICE_UNAVAILABLE: Status.UNAVAILABLE,
     ErrorKind.CONSTRAINT_SERVICE_ERROR: Status.INTERNAL,
+    ErrorKind.CONSTRAINT_ERROR: Status.INVALID_ARGUMENT,
     ErrorKind.RING_ERROR: Status.FAILED_PRECONDITION,
     ErrorKind.INTEGRITY_ERROR: Status.INTERNAL,
     ErrorKind.ENGINE_ERROR: Status.INTERNAL,
@@ -115,6 +117,11 @@ class ServingError(Exception):
 
     def __reduce__(self):  # keep the fields across pickling (compile worker processes)
         return (_rebuild, (type(self), str(self.kind), self.message, self.location, self.status))
+
+    @property
+    def code(self) -> str:
+        """The canonical status name (``"INVALID_ARGUMENT"``), i.e. ``ErrorDetail.code``."""
+        return self.status.value
 
     def to_dict(self) -> dict[str, str]:
         """``{"code", "kind", "message", "location"}`` with plain strings (the ``ErrorDetail`` fields)."""

@@ -27,6 +27,7 @@ of the model's logits.
 
 from __future__ import annotations
 
+import enum
 import struct
 from dataclasses import dataclass
 
@@ -38,10 +39,19 @@ EXTENT_DTYPE = numpy.int32
 SEQ_DTYPE = numpy.uint64
 
 # Per-position status bytes (stored as uint8 in the status region).
-STATUS_UNCONSTRAINED = 0  # row has no grammar (mask disabled, words not read)
-STATUS_READY = 1  # mask written for this position
-STATUS_DEAD_END = 2  # the hypothetical prefix has no legal next token (words zero)
-STATUS_UNREACHABLE = 3  # an earlier draft was illegal or EOS was accepted (words zero)
+class PositionStatus(enum.IntEnum):
+    """Status byte of one (row, position) of a ring slot; the ring is the one place a dead end is reported."""
+
+    UNCONSTRAINED = 0  # row has no grammar (mask disabled, words not read)
+    READY = 1  # mask written for this position
+    DEAD_END = 2  # the hypothetical prefix has no legal next token (words zero)
+    UNREACHABLE = 3  # an earlier draft was illegal or EOS was accepted (words zero)
+
+
+STATUS_UNCONSTRAINED = PositionStatus.UNCONSTRAINED
+STATUS_READY = PositionStatus.READY
+STATUS_DEAD_END = PositionStatus.DEAD_END
+STATUS_UNREACHABLE = PositionStatus.UNREACHABLE
 STATUS_NAMES = {
     STATUS_UNCONSTRAINED: "UNCONSTRAINED",
     STATUS_READY: "READY",

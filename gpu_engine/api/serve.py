@@ -13,6 +13,8 @@ import sys
 import threading
 from concurrent import futures
 
+from gpu_engine.spec.registry import SpecMethod
+
 log = logging.getLogger("ninfer.serve")
 
 
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-lanes", type=int, default=8, help="resident batch slots (continuous batching)")
     ap.add_argument("--max-seq-len", type=int, default=2048, help="context length per lane in tokens")
     ap.add_argument("--max-tokens-default", type=int, default=256, help="budget when a request gives none")
-    ap.add_argument("--speculative", choices=["none", "ngram", "early-exit", "early-exit-sampled"], default="none")
+    ap.add_argument("--speculative", choices=[m.value for m in SpecMethod], default="none")
     ap.add_argument("--num-draft-tokens", type=int, default=0, help="K draft tokens per step (0 = no speculation)")
     ap.add_argument("--draft-layers", type=int, default=0, help="early-exit drafter depth L (default: layers/4)")
     ap.add_argument("--grammar-cache-bytes", type=int, default=256 << 20)

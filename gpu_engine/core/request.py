@@ -1,10 +1,43 @@
 """A generation request as the engine tracks it (plain Python, no protobuf)."""
 from __future__ import annotations
 
+import enum
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from ninfer_common.constraint_kind import ConstraintKind
+from ninfer_common.errors import RowError
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended (``ninfer.v1.FinishReason``)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    TOOL_CALLS = "tool_calls"  # EOS after one or more tool calls
+
+
+class SpecMethod(enum.StrEnum):
+    """A speculative method; the value is its CLI / log spelling (``"early-exit"``).
+
+    Drafter factories: :data:`gpu_engine.spec.registry.DRAFTERS`."""
+
+    NONE = "none"
+    NGRAM = "ngram"
+    EARLY_EXIT = "early-exit"
+    EARLY_EXIT_SAMPLED = "early-exit-sampled"
+
+
+class CacheStatus(enum.StrEnum):
+    """Compile-cache outcome of Prepare (``ninfer.v1.CacheStatus``)."""
+
+    HIT = "hit"
+    BUILT = "built"
+    WAITED = "waited"
 
 
 @dataclass
@@ -34,23 +67,56 @@ class SamplingOptions:
 class ConstraintRef:
     """The request's body constraint as sent to the sidecar."""
 
-    kind: str
+    kind: ConstraintKind | None  # None: no body, only the output wrapper (tools / thinking)
     source: str = ""
     choices: tuple[str, ...] = ()
     prefix: bytes = b""
+    wrapper: str = ""  # the output plan's grammar_key() (thinking stage / tool calls), "" = plain body
+
+    @property
+    def label(self) -> str:
+        """Kind name for results and metrics: the body kind, else ``tools`` / ``thinking``."""
+        if self.kind is not None:
+            return str(self.kind)
+        return "tools" if '"declared":0' not in self.wrapper else "thinking"
+
+
+@dataclass
+class ConstraintResult:
+    """The constraint's outcome, reported with :class:`Finish`.
+
+    Attributes:
+        kind: the constraint kind.
+        complete: the committed output is a complete sentence of the language.
+        terminated: EOS was accepted.
+        cache: compile-cache outcome of Prepare, None if unknown.
+        prepare_seconds: seconds spent in the sidecar's Prepare.
+        mask_positions: bitmask positions computed for the request.
+    """
+
+    kind: ConstraintKind | str
+    complete: bool = False
+    terminated: bool = False
+    cache: CacheStatus | None = None
+    prepare_seconds: float = 0.0
+    mask_positions: int = 0
+    branch: str = ""  # "undecided" / "content" / "tools" for turns with an output plan
 
 
 @dataclass
 class Finish:
-    """Terminal state of a request (published as the stream's last message)."""
+    """Terminal state of a request (published as the stream's last message).
 
-    finish_reason: str  # "stop" | "length" | "error" | "cancelled"
+    ``error`` is set exactly when ``finish_reason`` is ERROR.
+    """
+
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
-    constraint: dict[str, Any] | None = None
-    error: dict[str, str] | None = None
+    constraint: ConstraintResult | None = None
+    error: RowError | None = None
     reasoning: str | None = None  # the reasoning text (None: no thinking stage)
     tool_calls: list[dict[str, str]] = field(default_factory=list)  # [{"id", "name", "arguments_json"}]
 
@@ -90,7 +156,7 @@ class Request:
     max_tokens: int
     sampling: SamplingOptions
     constraint: ConstraintRef | None = None
-    spec_method: str = "none"
+    spec_method: SpecMethod = SpecMethod.NONE
     num_draft_tokens: int = 0
     events: "queue.Queue[Delta | Finish]" = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -99,13 +165,14 @@ class Request:
     num_cached: int = 0  # tokens whose KV is in the lane
     output_ids: list[int] = field(default_factory=list)
     pending_commit: list[int] = field(default_factory=list)  # committed here, not yet confirmed to the sidecar
-    constraint_info: dict[str, Any] = field(default_factory=dict)
+    constraint_info: dict[str, Any] = field(default_factory=dict)  # {"cache": CacheStatus, "prepare_seconds": s}
     sidecar_generation: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     finished: bool = False
     detok: Any = None  # IncrementalDetokenizer, set at admission
     output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
+    output_result: Any = None  # its StreamResult, set when the request finishes
 
     def cancel(self) -> None:
         """Ask the engine to stop this request (takes effect at the next step)."""

@@ -33,7 +33,7 @@ class Drafting:
     def _drafter(self, method: str):
         drafter = self._drafters.get(method)
         if drafter is None:
-            from gpu_engine.spec.drafters import make_drafter
+            from gpu_engine.spec.registry import make_drafter
 
             drafter = self._drafters[method] = make_drafter(method, self.program, self.draft_layers)
         return drafter

@@ -11,7 +11,8 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
 3. runs the model forward (prefill rows batched under a token budget, decode rows batched);
 4. waits for the sidecar's answer only now (the exposed wait is measured),
    checks the slot's sequence number, and samples all rows with their masks;
-5. commits tokens, streams text deltas, and finishes rows on EOS / budget.
+5. commits tokens, streams text deltas, and finishes rows on EOS / budget; a finished
+   constrained row's session is closed on the next Step message (:mod:`gpu_engine.engine.closing`).
 
 Seed 000 §5 (transactions), §7 (bitmask layout, lookahead), DESIGN.md "The
 hot path". Pure unconstrained steps never touch the sidecar or the ring.
@@ -28,21 +29,23 @@ import torch
 from ninfer_common.telemetry import get_tracer
 from shared_memory.ring import MaskRing
 
-from gpu_engine.errors import RowError
+from ninfer_common.errors import RowError, Status
+from gpu_engine.engine.closing import Closing
 from gpu_engine.engine.drafting import Drafting
 from gpu_engine.engine.metrics import EngineMetrics
 from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
 from gpu_engine.model.vocab import TokenVocabulary
-from gpu_engine.executor.eager import Program
-from gpu_engine.core.request import Delta, Finish, Request
-from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
+from gpu_engine.executor import select_mask_rows
+from gpu_engine.executor.base import Executor
+from gpu_engine.core.request import Delta, Request
+from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
 
 log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 
 
-class Engine(Drafting):
+class Engine(Drafting, Closing):
     """Owns lanes, the mask ring, the sidecar and the worker thread.
 
     Args:
@@ -55,7 +58,7 @@ class Engine(Drafting):
         spec_method: default speculative method; ``num_draft_tokens`` its K.
     """
 
-    def __init__(self, program: Program, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
+    def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
                  spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0) -> None:
         self.program = program
         self.vocab = vocab
@@ -75,6 +78,7 @@ class Engine(Drafting):
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._drafters: dict = {}
+        self._closing: list = []  # finished constrained requests whose session close rides on the next Step
         # Draft-ready overlap (issue 6): on CUDA, early-exit draft ids stay on the device; the target forward
         # is queued with them and the host waits only on their ready event (tests may force it on the CPU).
         self.defer_drafts = program.device.type == "cuda"
@@ -99,6 +103,10 @@ class Engine(Drafting):
             if r is not None and not r.finished:
                 self._finish(r, "cancelled")
         if self.sidecar is not None:
+            try:
+                self._close_only_step()  # the worker has stopped: this thread owns the Step stream now
+            except Exception as e:  # noqa: BLE001 - the requests still get their Finish
+                self._closed(self._take_closing(), None, f"engine stopping: {e}")
             self.sidecar.stop()
         self.program.close()  # CUDA: unregister the ring before it is unmapped
         if self.ring is not None:
@@ -132,7 +140,7 @@ class Engine(Drafting):
                 log.exception("engine step failed; failing resident requests")
                 for r in self._lanes:
                     if r is not None:
-                        self._finish(r, "error", error=RowError("EngineError", "engine step failed", "INTERNAL"))
+                        self._finish(r, "error", error=RowError("EngineError", "engine step failed", status=Status.INTERNAL))
                 worked = True
             if not worked:
                 self._wake.wait(0.05)
@@ -154,8 +162,7 @@ class Engine(Drafting):
             if r.constraint is not None and self.sidecar is not None and r.sidecar_generation != self.sidecar.generation:
                 # prepared in a sidecar that has since died: its session is gone
                 self._finish(r, "error", error=RowError("ConstraintServiceUnavailable",
-                                                        "the constraint sidecar restarted before this request ran",
-                                                        "UNAVAILABLE"))
+                                                        "the constraint sidecar restarted before this request ran", status=Status.UNAVAILABLE))
                 continue
             r.lane = lane
             r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
@@ -171,7 +178,7 @@ class Engine(Drafting):
                 self._finish(r, "cancelled")
         rows = [r for r in self._lanes if r is not None]
         if not rows:
-            return False
+            return self._close_only_step() if self.sidecar is not None else False
         t0 = time.perf_counter()
         with _tracer.start_as_current_span("engine.step") as span:
             span.set_attribute("ninfer.batch_size", len(rows))
@@ -183,10 +190,10 @@ class Engine(Drafting):
         return True
 
     def _step_rows(self, rows: list[Request]) -> None:
+        """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
         prog = self.program
-        # Drafts (speculation) for rows that are past their first token.
         td = time.perf_counter()
-        drafts, draft_q, deferred = self._propose_rows(rows)
+        drafts, draft_q, deferred = self._propose_rows(rows)  # rows past their first token
         dt = time.perf_counter() - td
         if drafts and not deferred:
             self.stats.draft_s += dt
@@ -195,68 +202,29 @@ class Engine(Drafting):
             self.stats.per_step_draft_ms.append(dt * 1e3)
             self.stats.per_step_draft_host_ms.append(dt * 1e3)
         constrained = [r for r in rows if r.constraint is not None]
+        closing = self._take_closing() if self.sidecar is not None else []
         seq = slot = -1
-        sent = False
-        if constrained:
+        if constrained or closing:
             self._seq += 1
             seq = self._seq
             slot = seq % self.ring.geometry.num_slots
-        forwarded = False
+        logits = None
         if deferred:
             # Draft-ready overlap: queue the target forward with the device-side draft ids first;
             # block only on the ids' ready event, then send the Step (lookahead masks need the ids)
             # while the forward runs.
-            logits = prog.forward_rows_deferred(rows, drafts, deferred)
+            logits = prog.forward_rows(rows, drafts, deferred)
             self._resolve_deferred(drafts, draft_q, deferred, dt)
-            forwarded = True
-        if constrained:
-            try:
-                if self.sidecar is None:
-                    raise SidecarUnavailable("no sidecar")
-                self.sidecar.send_step(seq, slot, [
-                    StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained])
-                sent = True
-                for r in constrained:
-                    r.pending_commit = []
-            except SidecarUnavailable as e:
-                self._sidecar_lost(constrained, str(e))
-                constrained = []
-                if not forwarded:  # else the forward already ran for all rows; finished rows drop below
-                    rows = [r for r in rows if not r.finished]
-        # Forward (the sidecar computes masks meanwhile).
-        if not forwarded:
+        sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
+        if not sent:
+            constrained = []
+            if logits is None:  # else the forward already ran for all rows; finished rows drop below
+                rows = [r for r in rows if not r.finished]
+        if logits is None:  # the sidecar computes masks meanwhile
             logits = prog.forward_rows(rows, drafts)  # [B, T, V] float32, T = 1 + max drafts
-        # Masks: wait only now.
-        words = status = None
-        enabled = None
-        if constrained and sent:
-            tw = time.perf_counter()
-            try:
-                results, _work = self.sidecar.recv_step(seq)
-            except SidecarUnavailable as e:
-                self._sidecar_lost(constrained, str(e))
-                results = None
-            wait = time.perf_counter() - tw
-            self.stats.sidecar_wait_s += wait
-            self.stats.per_step_wait_ms.append(wait * 1e3)
-            self.metrics.sidecar_wait(wait)
-            self.stats.constrained_steps += 1
-            if results is not None:
-                self.ring.check_slot(slot, seq)
-                by_id = {x.request_id: x for x in results}
-                for r in constrained:
-                    x = by_id.get(r.request_id)
-                    if x is None or x.status == "integrity":
-                        self._finish(r, "error", error=RowError(
-                            "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
-                    elif x.status == "dead_end" and not drafts.get(r.lane):
-                        self._finish(r, "error", error=RowError(
-                            "ConstraintDeadEnd", "the constraint allows no further token", "FAILED_PRECONDITION"))
-                # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
-                # registered ring into the device bitmask (prog.stage_masks documents both).
-                words, status, nbytes = prog.stage_masks(self.ring, slot, rows)
-                enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
-                self.stats.mask_h2d_bytes += nbytes
+        words = status = enabled = None
+        if sent:  # masks: wait only now
+            words, status, enabled = self._recv_masks(seq, slot, rows, constrained, closing)
         live_idx = [i for i, r in enumerate(rows) if not r.finished]
         if not live_idx:
             return
@@ -265,11 +233,9 @@ class Engine(Drafting):
             rows = [rows[i] for i in live_idx]
             logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
-                words, enabled = words.index_select(0, sel), enabled.index_select(0, sel)
-                status = None if status is None else status.index_select(0, sel)
+                words, status, enabled = select_mask_rows(words, status, enabled, sel)
         out = prog.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
-        for i, r in enumerate(rows):
-            toks, err = out[i]
+        for r, (toks, err) in zip(rows, out):
             if err is not None:
                 self._finish(r, "error", error=err)
                 continue
@@ -283,12 +249,63 @@ class Engine(Drafting):
                 self.stats.accepted_draft_tokens += acc
             self._commit(r, toks)
 
-    def _sidecar_lost(self, rows: list[Request], why: str) -> None:
+    def _send_step(self, seq: int, slot: int, constrained: list[Request], closing: list,
+                   drafts: dict[int, list[int]]) -> bool:
+        """Send this step's Step message (constrained rows + pending closes); False if the sidecar is gone
+        (its rows and closes are then finished)."""
+        try:
+            if self.sidecar is None:
+                raise SidecarUnavailable("no sidecar")
+            self.sidecar.send_step(seq, slot, [
+                StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained]
+                + self._close_rows(closing))
+        except SidecarUnavailable as e:
+            self._sidecar_lost(constrained, str(e), closing)
+            return False
+        for r in constrained:
+            r.pending_commit = []
+        return True
+
+    def _recv_masks(self, seq: int, slot: int, rows: list[Request], constrained: list[Request], closing: list):
+        """Wait for the sidecar's answer to ``seq`` (the exposed wait), publish closed requests, fail rows
+        the sidecar reports, and stage the slot's masks: ``(words, status, enabled)`` or Nones."""
+        tw = time.perf_counter()
+        try:
+            results, _work = self.sidecar.recv_step(seq)
+        except SidecarUnavailable as e:
+            self._sidecar_lost(constrained, str(e), closing)
+            return None, None, None
+        wait = time.perf_counter() - tw
+        by_id = {x.request_id: x for x in results}
+        self._closed(closing, by_id)
+        if not constrained:
+            return None, None, None
+        self.stats.sidecar_wait_s += wait
+        self.stats.per_step_wait_ms.append(wait * 1e3)
+        self.metrics.sidecar_wait(wait)
+        self.stats.constrained_steps += 1
+        self.ring.check_slot(slot, seq)
+        for r in constrained:
+            x = by_id.get(r.request_id)
+            if x is None or x.status is not RowStatus.OK:
+                self._finish(r, "error", error=RowError(
+                    "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
+        # A dead end is not reported here: the slot's status byte says DEAD_END and the
+        # sampler / verifier fail the row with ConstraintDeadEnd where the draw happens.
+        # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
+        # registered ring into the device bitmask (prog.stage_masks documents both).
+        words, status, nbytes = self.program.stage_masks(self.ring, slot, rows)
+        enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
+        self.stats.mask_h2d_bytes += nbytes
+        return words, status, enabled
+
+    def _sidecar_lost(self, rows: list[Request], why: str, closing: list = ()) -> None:
         log.error("constraint sidecar lost: %s", why)
+        self._closed(list(closing), None, why)
         for r in rows:
             if not r.finished:
                 self._finish(r, "error", error=RowError(
-                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", "UNAVAILABLE"))
+                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", status=Status.UNAVAILABLE))
         if self.sidecar is not None:
             try:
                 self.sidecar.ensure_started()
@@ -345,8 +362,8 @@ class Engine(Drafting):
             r.pending_commit.extend(ids)
         try:
             deltas = r.output.commit(ids, forced=True)
-        except Exception as e:  # noqa: BLE001 - DecodeIntegrityError
-            self._finish(r, "error", error=RowError("IntegrityError", str(e)))
+        except RowError as e:  # DecodeIntegrityError
+            self._finish(r, "error", error=e)
             return
         self._put_deltas(r, deltas, ids)
         if len(r.output_ids) >= r.max_tokens or r.num_cached + 1 >= prog.max_seq_len:
@@ -355,12 +372,10 @@ class Engine(Drafting):
     def _publish_output(self, r: Request, emitted: list[int]) -> bool:
         """Decode a committed step into channel deltas (reasoning / content / tool call); False when the
         request failed (a grammar-complete call the decoder cannot read is an integrity error)."""
-        from ninfer_common.errors import RowError as _RowError
-
         try:
             deltas = r.output.commit(emitted)
-        except _RowError as e:
-            self._finish(r, "error", error=RowError("IntegrityError", e.message))
+        except RowError as e:  # DecodeIntegrityError (kind IntegrityError, INTERNAL)
+            self._finish(r, "error", error=e)
             return False
         self._put_deltas(r, deltas, emitted)
         return True
@@ -375,45 +390,3 @@ class Engine(Drafting):
             call = None if d.call is None else {"id": d.call.id, "name": d.call.name,
                                                  "arguments_json": d.call.arguments_json}
             r.events.put(Delta(d.text, token_ids if i == 0 else [], d.channel, d.call_index, call))
-
-    def _finish(self, r: Request, reason: str, error: RowError | None = None) -> None:
-        if r.finished:
-            return
-        r.finished = True
-        if 0 <= r.lane < self.max_lanes and self._lanes[r.lane] is r:
-            self._lanes[r.lane] = None
-        constraint = None
-        if r.constraint is not None:
-            constraint = {"kind": r.constraint.kind, "complete": False, "terminated": False, **r.constraint_info}
-            if self.sidecar is not None:
-                try:
-                    final = [] if reason in ("cancelled", "error") else list(r.pending_commit)
-                    complete, terminated, positions, cerr = self.sidecar.close(
-                        r.request_id, final, r.sidecar_generation)
-                    constraint.update(complete=complete, terminated=terminated, mask_positions=positions)
-                    if cerr and error is None:
-                        reason, error = "error", RowError("IntegrityError", cerr)
-                except RowError as e:
-                    if error is None and reason not in ("cancelled",):
-                        reason, error = "error", e
-        reasoning, tool_calls = None, []
-        if r.output is not None:
-            out, res = r.output.finish(reason)
-            self._put_deltas(r, out, [])
-            reason = res.finish_reason if reason in ("stop", "length") else reason
-            reasoning = res.reasoning
-            tool_calls = [{"id": c.id, "name": c.name, "arguments_json": c.arguments_json} for c in res.tool_calls]
-            if constraint is not None:
-                constraint["branch"] = res.branch
-        else:
-            tail = r.detok.flush() if r.detok is not None else ""
-            if tail:
-                r.events.put(Delta(tail, []))
-        self.metrics.request_finished(reason, r.constraint.kind if r.constraint else "", len(r.output_ids),
-                                      r.draft_tokens, r.accepted_draft_tokens, constraint)
-        r.events.put(Finish(
-            finish_reason=reason, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.output_ids),
-            draft_tokens=r.draft_tokens, accepted_draft_tokens=r.accepted_draft_tokens, constraint=constraint,
-            error=None if error is None else {"code": error.code, "kind": error.kind, "message": error.message,
-                                               "location": ""}, reasoning=reasoning, tool_calls=tool_calls))
-        self.program.release_lane(r.lane)

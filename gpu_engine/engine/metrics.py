@@ -35,18 +35,19 @@ class EngineMetrics:
         self.accepted = m.create_counter("ninfer_accepted_draft_tokens", unit="1", description="Accepted draft tokens")
 
     def request_finished(self, finish_reason: str, constraint_kind: str, completion_tokens: int,
-                         draft_tokens: int, accepted_draft_tokens: int, constraint: dict[str, Any] | None) -> None:
+                         draft_tokens: int, accepted_draft_tokens: int, constraint: Any | None) -> None:
+        """Counts a finished request; ``constraint`` is its :class:`gpu_engine.core.request.ConstraintResult`."""
         if not self._on:
             return
         kind = constraint_kind or "none"
-        self.requests.add(1, {"finish_reason": finish_reason, "constraint_kind": kind})
-        self.tokens.add(completion_tokens, {"constraint_kind": kind})
+        self.requests.add(1, {"finish_reason": str(finish_reason), "constraint_kind": str(kind)})
+        self.tokens.add(completion_tokens, {"constraint_kind": str(kind)})
         if draft_tokens:
             self.drafts.add(draft_tokens)
             self.accepted.add(accepted_draft_tokens)
-        if constraint is not None and constraint.get("cache"):
-            self.cache.add(1, {"cache": constraint["cache"]})
-            self.prepare.record(float(constraint.get("prepare_seconds", 0.0)))
+        if constraint is not None and constraint.cache:
+            self.cache.add(1, {"cache": str(constraint.cache)})
+            self.prepare.record(float(constraint.prepare_seconds))
 
     def request_rejected(self, kind: str) -> None:
         if self._on:

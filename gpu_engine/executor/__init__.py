@@ -6,9 +6,25 @@ bucket. :func:`make_program` picks one for a loaded model.
 """
 from __future__ import annotations
 
+import torch
+
 from gpu_engine.executor.eager import Program
 
-__all__ = ["Program", "make_program"]
+__all__ = ["Program", "make_program", "select_mask_rows"]
+
+
+def select_mask_rows(words, status: torch.Tensor | None, enabled: torch.Tensor, idx: torch.Tensor):
+    """The staged masks of the live rows ``idx`` (``[n]`` int64, CPU) of a step.
+
+    ``words`` is what ``stage_masks`` returned: ``[B, K+1, W]`` int32 in batch-row order
+    (eager: rows are selected) or a :class:`~gpu_engine.executor.cuda_graph.RingMask`
+    (already on the device, addressed by lane: unchanged). ``status`` ``[B, K+1]`` uint8
+    or None, ``enabled`` ``[B]`` bool. Returns ``(words, status, enabled)``.
+    """
+    if isinstance(words, torch.Tensor):
+        words = words.index_select(0, idx)
+    status = None if status is None else status.index_select(0, idx)
+    return words, status, enabled.index_select(0, idx)
 
 
 def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:

@@ -21,7 +21,7 @@ presence/frequency penalties (need per-step output counts). A speculative step w
 on the device (draft-ready overlap, issue 6): drafting kernels → ``non_blocking`` D2H
 copy of the ids into pinned memory → cuda-python ready event → the eager target
 forward over ``[last token] + drafts`` built on the device
-(:meth:`CudaProgram.forward_rows_deferred`); the engine then blocks on the ready
+(:meth:`CudaProgram.forward_rows` with ``deferred``); the engine then blocks on the ready
 event only, sends the sidecar its lookahead Step while the forward runs, and verifies.
 
 The class also runs on the CPU with ``use_graphs=False`` (no events, no ring
@@ -31,11 +31,13 @@ bookkeeping against :class:`gpu_engine.executor.eager.Program`.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from gpu_engine.errors import RowError
+from ninfer_common.errors import RowError
 from gpu_engine.cuda.transfer import to_device_async
 from gpu_engine.executor.eager import Program, _row_error
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
@@ -46,19 +48,17 @@ from gpu_engine.core.request import Request
 
 log = logging.getLogger("ninfer.cuda_program")
 
+@dataclass(frozen=True)
 class RingMask:
-    """Marker returned by :meth:`CudaProgram.stage_masks`: the slot is already on its way
-    to the device bitmask buffer (rows are addressed by lane, not by batch row).
+    """Returned by :meth:`CudaProgram.stage_masks` in place of the words: the slot is already on
+    its way to the device bitmask buffer, addressed by lane (so selecting live batch rows leaves
+    it unchanged; the Finish phase gathers words by each live row's lane).
 
     Attributes:
         nbytes: bytes copied host -> device for this step.
     """
 
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-
-    def index_select(self, dim: int, index: torch.Tensor) -> "RingMask":
-        return self
+    nbytes: int
 
 
 class CudaProgram(GraphPhases, Program):
@@ -271,17 +271,20 @@ class CudaProgram(GraphPhases, Program):
 
     # ------------------------------------------------------------ Program API
     @torch.inference_mode()
-    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]]) -> torch.Tensor:
+    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
+                     deferred: Sequence = ()) -> torch.Tensor:
         """Launch this step's forward (async on CUDA) and return ``[B, 1, V]`` float32 logits.
 
         The returned tensor is a view of the static ``logits`` buffer, valid until the
-        next step. Speculative or penalised steps use :meth:`Program.forward_rows`.
+        next step. Speculative steps (host ``drafts`` or device-side ``deferred`` drafts, queued
+        behind the drafting kernels without a host sync) and penalised steps use the eager
+        :meth:`Program.forward_rows`; masks and verification then take the eager path too.
         """
         self._fwd_rows = None
         self._step_mask_bytes = 0
-        self._eager_step = self._needs_eager(rows, drafts)
+        self._eager_step = bool(deferred) or self._needs_eager(rows, drafts)
         if self._eager_step:
-            return super().forward_rows(rows, drafts)
+            return super().forward_rows(rows, drafts, deferred)
         self._record("start")
         self._sync_lane_params(rows)
         b = len(rows)
@@ -321,17 +324,6 @@ class CudaProgram(GraphPhases, Program):
         self._fwd_rows = list(rows)
         self._num_prefill = len(pre)
         return self.logits[:b].unsqueeze(1)
-
-    @torch.inference_mode()
-    def forward_rows_deferred(self, rows: list[Request], drafts: dict[int, list[int]], deferred: list) -> torch.Tensor:
-        """Speculative step whose early-exit draft ids are still on the device: eager
-        :meth:`Program.forward_rows_deferred` (queued behind the drafting kernels and the
-        draft ids' D2H copy + ready event, without a host sync); masks and verification
-        then take the eager path too."""
-        self._fwd_rows = None
-        self._step_mask_bytes = 0
-        self._eager_step = True
-        return super().forward_rows_deferred(rows, drafts, deferred)
 
     def stage_masks(self, ring, slot: int, rows: list[Request]):
         """Start the upload of ring slot ``slot``'s bitmasks (one async copy on the compute stream).

@@ -8,12 +8,13 @@ top-k → temperature → min-p → top-p → draw). One host read-back per step
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from gpu_engine.cuda.transfer import to_device_async  # noqa: F401 - re-exported for the executors
-from gpu_engine.errors import RowError
+from ninfer_common.errors import RowError, Status
 from gpu_engine.core.request import Request
 from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
 
@@ -25,10 +26,10 @@ PREFILL_TOKEN_BUDGET = 4096  # padded tokens (rows x longest piece) per batched 
 
 def _row_error(code: int) -> RowError:
     if code == SAMPLE_ERR_EMPTY_MASK:
-        return RowError("ConstraintDeadEnd", "the constraint allows no token at this position", "FAILED_PRECONDITION")
+        return RowError("ConstraintDeadEnd", "the constraint allows no token at this position", status=Status.FAILED_PRECONDITION)
     if code == SAMPLE_ERR_NONFINITE:
-        return RowError("NonFiniteLogits", "the model produced non-finite logits", "INTERNAL")
-    return RowError("SamplingError", f"sampling error code {code}", "INTERNAL")
+        return RowError("NonFiniteLogits", "the model produced non-finite logits", status=Status.INTERNAL)
+    return RowError("SamplingError", f"sampling error code {code}", status=Status.INTERNAL)
 
 
 class Program:
@@ -100,71 +101,26 @@ class Program:
         r.num_cached += len(seq)
 
     @torch.inference_mode()
-    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]]) -> torch.Tensor:
+    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
+                     deferred: Sequence = ()) -> torch.Tensor:
         """Forward this step's rows.
 
-        Prefill rows (nothing cached yet) run their prompt; decode rows run
-        ``[last token] + drafts``. Sets ``r.num_cached`` for prefill rows.
-
-        Returns:
-            ``[B, T, V]`` float32 logits on the device, ``T = 1 + max(len(drafts))``;
-            prefill rows fill position 0 only (the prompt's last position).
-        """
-        T = 1 + max((len(drafts.get(r.lane, [])) for r in rows), default=0)
-        out = torch.empty(len(rows), T, self.vocab_size, dtype=torch.float32, device=self.device)
-        dec_idx, dec_rows = [], []
-        pre_idx = []
-        for i, r in enumerate(rows):
-            if r.num_cached == 0 and not r.output_ids:
-                pre_idx.append(i)
-            else:
-                dec_idx.append(i)
-                dec_rows.append(r)
-        if pre_idx:
-            out[to_device_async(torch.tensor(pre_idx), self.device), 0] = self._prefill_rows([rows[i] for i in pre_idx])
-        if T > 1:
-            # A padded row (fewer drafts than T - 1) must not write past its lane's context:
-            # such rows (only near max_seq_len) run alone with their own T.
-            tight = [j for j, r in enumerate(dec_rows) if r.num_cached + T > self.max_seq_len]
-            for j in reversed(tight):
-                i, r = dec_idx.pop(j), dec_rows.pop(j)
-                seq = [r.output_ids[-1]] + drafts.get(r.lane, [])
-                lg = self.model.forward(torch.tensor([seq], dtype=torch.int64, device=self.device),
-                                        torch.tensor([r.lane], dtype=torch.int64, device=self.device),
-                                        torch.tensor([r.num_cached], dtype=torch.int64, device=self.device),
-                                        max_context=self._bucket(r.num_cached + len(seq)))
-                out[i, : len(seq)] = lg[0].float()
-                out[i, len(seq):] = 0.0  # unused columns: finite placeholders
-        if dec_rows:
-            ids = torch.zeros(len(dec_rows), T, dtype=torch.int64)
-            for j, r in enumerate(dec_rows):
-                seq = [r.output_ids[-1]] + drafts.get(r.lane, [])
-                ids[j, : len(seq)] = torch.tensor(seq)
-            lanes = torch.tensor([r.lane for r in dec_rows], dtype=torch.int64)
-            start = torch.tensor([r.num_cached for r in dec_rows], dtype=torch.int64)
-            ctx = self._bucket(max(r.num_cached for r in dec_rows) + T)
-            logits = self.model.forward(ids.to(self.device), lanes.to(self.device), start.to(self.device),
-                                        max_context=ctx)
-            out[torch.tensor(dec_idx, device=self.device)] = logits.float()
-        return out
-
-    @torch.inference_mode()
-    def forward_rows_deferred(self, rows: list[Request], drafts: dict[int, list[int]], deferred: list) -> torch.Tensor:
-        """:meth:`forward_rows` where some rows' drafts are still on the device (draft-ready overlap).
+        Prefill rows (nothing cached yet) run their prompt (batched, :meth:`_prefill_rows`; sets
+        ``r.num_cached``); decode rows run ``[last token] + drafts``. Drafts come from the host
+        (``drafts``) or are still on the device (``deferred``, the draft-ready overlap): their ids
+        are scattered into the uploaded input on the device, so queueing this forward never waits
+        for them (on CUDA the inputs go up from pinned memory, ``non_blocking``).
 
         Args:
             rows: this step's rows.
-            drafts: lane → host draft ids (e.g. n-gram rows).
-            deferred: :class:`gpu_engine.spec.drafters.DeviceDrafts` whose ``ids [b, kmax]`` are device
-                tensors not yet read back (their lanes are not in ``drafts``); row ``i`` of one
-                has exactly ``ks[i]`` drafts.
+            drafts: lane -> host draft ids (e.g. n-gram rows).
+            deferred: :class:`gpu_engine.spec.drafters.DeviceDrafts` whose ``ids [b, kmax]`` int64 are
+                device tensors not yet read back (their lanes are not in ``drafts``); row ``i`` of
+                one has exactly ``ks[i]`` drafts (``-1`` padding).
 
-        Each decode row runs ``[last token] + drafts`` with the device ids scattered into the
-        uploaded input on the device, so queueing this forward never waits for the drafts. On
-        CUDA no host-device synchronisation happens here for decode rows (inputs go up from
-        pinned memory, ``non_blocking``); prefill rows in the same step run as in
-        :meth:`forward_rows`. Same result and ``[B, T, V]`` float32 layout as
-        :meth:`forward_rows` with the drafts on the host.
+        Returns:
+            ``[B, T, V]`` float32 logits on the device, ``T = 1 + max drafts``; prefill rows fill
+            position 0 only (the prompt's last position), unused columns are 0 (finite placeholders).
         """
         dev = self.device
         dmap: dict[int, tuple] = {}  # lane -> (DeviceDrafts, row index in it, k)
@@ -286,18 +242,6 @@ class Program:
         from gpu_engine.model.llama import context_bucket
 
         return context_bucket(n, self.model.max_seq_len)
-
-    def _prefill(self, r: Request) -> torch.Tensor:
-        ids = r.prompt_ids
-        lane = torch.tensor([r.lane], dtype=torch.int64, device=self.device)
-        last = None
-        for s in range(0, len(ids), PREFILL_CHUNK):
-            chunk = torch.tensor([ids[s: s + PREFILL_CHUNK]], dtype=torch.int64, device=self.device)
-            start = torch.tensor([s], dtype=torch.int64, device=self.device)
-            last = self.model.forward(chunk, lane, start, max_context=self._bucket(s + chunk.shape[1]),
-                                      last_only=True)
-        r.num_cached = len(ids)
-        return last[0, -1].float()
 
     def sampling_tensors(self, rows: list[Request]) -> SamplingTensors:
         """Per-row sampling parameters as device tensors (``[B]`` each)."""

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_engine.errors import RequestError
+from ninfer_common.errors import RequestError
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+from gpu_engine.core.params import CHAT_ROLES
+
 
 
 def validate_messages(messages: list[dict[str, str]]) -> None:

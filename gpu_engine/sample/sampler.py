@@ -12,7 +12,7 @@ reachable, and with fewer legal (finite) tokens than ``k`` the support is the
 real count — a ``-inf`` padding entry is never sampled.
 
 The same :func:`target_probs` gives the target distribution ``p`` of every
-speculative position (``gpu_engine/speculative.py``).
+speculative position (``gpu_engine/spec/verify.py``).
 
 Per-row errors (no exception, no host sync; the row's token is ``-1`` and its
 ``p`` is all zeros so nothing downstream sees a NaN):

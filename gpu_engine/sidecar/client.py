@@ -8,6 +8,7 @@ sidecar is restarted for the next request.
 """
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import queue
@@ -26,12 +27,14 @@ from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
 from ninfer_common.grpc_status import detail_from_rpc_error
 from ninfer_common.telemetry import instrument_channel
 
-from gpu_engine.errors import RequestError, RowError
+from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
+from gpu_engine.core.request import CacheStatus
 from gpu_engine.model.vocab import TokenVocabulary
 
 log = logging.getLogger("ninfer.engine.sidecar")
 
-_CACHE_NAMES = {pb.CACHE_STATUS_HIT: "hit", pb.CACHE_STATUS_BUILT: "built", pb.CACHE_STATUS_WAITED: "waited"}
+_CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
+          pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
 
 
 @dataclass
@@ -39,12 +42,12 @@ class PrepareInfo:
     """Result of preparing a constrained request.
 
     Attributes:
-        cache: ``"hit"``, ``"built"`` or ``"waited"``.
+        cache: the compile-cache outcome.
         prepare_seconds: seconds spent in the sidecar's Prepare.
         generation: sidecar generation the session lives in (bumped on restart).
     """
 
-    cache: str
+    cache: CacheStatus
     prepare_seconds: float
     generation: int
 
@@ -57,21 +60,30 @@ class StepRow:
     row: int
     commit_tokens: list[int]
     draft_tokens: list[int]
+    close: bool = False  # commit ``commit_tokens``, then end the session (no masks are written)
+
+
+class RowStatus(enum.Enum):
+    """Per-row outcome of a Step. A dead end is not one: the ring's status byte reports it."""
+
+    OK = "ok"
+    INTEGRITY_ERROR = "integrity"
 
 
 @dataclass
 class StepRowResult:
-    """Per-row answer: ``status`` is ``"ok"``, ``"dead_end"`` or ``"integrity"``."""
+    """Per-row answer of a Step (``status``: :class:`RowStatus`; ``error`` set when not OK)."""
 
     request_id: str
     row: int
-    status: str
+    status: RowStatus
     complete: bool
     terminated: bool
     error: str
+    mask_positions: int = 0  # closing rows: bitmask positions computed over the request's life
 
 
-_ROW_STATUS = {pb.ROW_STATUS_OK: "ok", pb.ROW_STATUS_DEAD_END: "dead_end", pb.ROW_STATUS_INTEGRITY_ERROR: "integrity"}
+_ROW_STATUS = {pb.ROW_STATUS_OK: RowStatus.OK, pb.ROW_STATUS_INTEGRITY_ERROR: RowStatus.INTEGRITY_ERROR}
 
 # GIL switch interval of the engine process while a Step stream is open. A Step message is put
 # on a queue and sent by gRPC's request-consumer thread, which needs the GIL; with CPython's
@@ -85,9 +97,9 @@ STEP_SWITCH_INTERVAL_S = 0.0005
 def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
     """(kind, message, location) from a sidecar error's ``ConstraintErrorDetail`` (plain status text if none)."""
     det = detail_from_rpc_error(err, pb.ConstraintErrorDetail)
-    if det is None:
-        return "ConstraintError", err.details() or str(err), ""
-    return det.kind, det.message, det.location
+    if det is None or det.kind not in ErrorKind.__members__.values():
+        return ErrorKind.CONSTRAINT_ERROR, (det.message if det is not None else "") or err.details() or str(err), ""
+    return ErrorKind(det.kind), det.message, det.location
 
 
 class SidecarUnavailable(Exception):
@@ -223,7 +235,7 @@ class Sidecar:
                 r = stub.Prepare(pb.PrepareRequest(request_id=request_id, prefix=prefix,
                                                    constraint=pb.Constraint(kind=kind, source=source, choices=choices,
                                                                             wrapper=wrapper)))
-                return PrepareInfo(_CACHE_NAMES.get(r.cache, "built"), r.prepare_seconds, gen)
+                return PrepareInfo(_CACHE.get(r.cache, CacheStatus.BUILT), r.prepare_seconds, gen)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     k, m, loc = _detail_from_error(e)
@@ -235,26 +247,29 @@ class Sidecar:
                     if attempt == 0:
                         continue
                     raise RequestError("ConstraintServiceUnavailable", f"constraint sidecar unavailable: "
-                                       f"{e.details()}", code=grpc.StatusCode.UNAVAILABLE) from None
+                                       f"{e.details()}", status=Status.UNAVAILABLE) from None
                 raise RequestError("ConstraintServiceError", f"constraint sidecar failed: {e.code().name}: "
-                                   f"{e.details()}", code=grpc.StatusCode.INTERNAL) from None
+                                   f"{e.details()}", status=Status.INTERNAL) from None
             except SidecarUnavailable as e:
-                raise RequestError("ConstraintServiceUnavailable", str(e), code=grpc.StatusCode.UNAVAILABLE) from None
+                raise RequestError("ConstraintServiceUnavailable", str(e), status=Status.UNAVAILABLE) from None
         raise AssertionError("unreachable")
 
     def close(self, request_id: str, final_tokens: list[int], generation: int) -> tuple[bool, bool, int, str]:
-        """End a session: returns ``(complete, terminated, mask_positions, error)``.
+        """End a session with a blocking ``Close`` RPC: returns ``(complete, terminated, mask_positions, error)``.
+
+        For tools and benches (``bench/mask_bench.py``); the engine never blocks on it: it
+        closes sessions on the Step stream (:class:`StepRow` with ``close``).
 
         Raises:
             RowError: the sidecar died (the session is gone).
         """
         if generation != self.generation or self._stub is None:
             raise RowError("ConstraintServiceUnavailable", "the constraint sidecar restarted; session lost",
-                           code="UNAVAILABLE")
+                           status=Status.UNAVAILABLE)
         try:
             r = self._stub.Close(pb.CloseRequest(request_id=request_id, final_tokens=final_tokens), timeout=30)
         except grpc.RpcError as e:
-            raise RowError("ConstraintServiceUnavailable", f"Close failed: {e.code().name}", code="UNAVAILABLE") from None
+            raise RowError("ConstraintServiceUnavailable", f"Close failed: {e.code().name}", status=Status.UNAVAILABLE) from None
         return r.complete, r.terminated, r.mask_positions, r.error
 
     def send_step(self, step_seq: int, slot: int, rows: list[StepRow]) -> None:
@@ -266,6 +281,8 @@ class Sidecar:
         for r in rows:
             if r.draft_tokens:
                 add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, draft_tokens=r.draft_tokens)
+            elif r.close:
+                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, close=True)
             else:
                 add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens)
         self._step_q.put(msg)
@@ -282,5 +299,5 @@ class Sidecar:
             raise SidecarUnavailable(f"Step stream broke: {e}") from None
         if r.step_seq != step_seq:
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
-        return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, "integrity"), x.complete, x.terminated,
-                              x.error) for x in r.rows], r.work_seconds
+        return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,
+                              x.error, x.mask_positions) for x in r.rows], r.work_seconds

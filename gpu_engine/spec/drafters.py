@@ -42,11 +42,10 @@ from gpu_engine.core.request import Request
 from gpu_engine.sample.rng import Purpose
 from gpu_engine.sample.sampler import draw
 
-__all__ = ["Q_CANDIDATES", "Proposal", "Drafter", "NgramDrafter", "EarlyExitDrafter", "DeviceDrafts", "make_drafter",
-           "ngram_propose", "METHODS"]
+__all__ = ["Q_CANDIDATES", "Proposal", "Drafter", "NgramDrafter", "EarlyExitDrafter", "DeviceDrafts",
+           "ngram_propose"]
 
 Q_CANDIDATES = 16  # S: candidates of the sparse q (seed: DFlash2 "16候选的实际稀疏 q")
-METHODS = ("ngram", "early-exit", "early-exit-sampled")
 
 # A proposal: draft ids (one-hot q) or (draft ids, (q_ids [k, S] int64, q_probs [k, S] float32)).
 Proposal = Union[list[int], tuple[list[int], tuple[torch.Tensor, torch.Tensor]]]
@@ -139,7 +138,7 @@ class DeviceDrafts:
     ``non_blocking`` copy of the ``[B, kmax]`` ids into a pinned host buffer, then records
     a cuda-python event (:class:`gpu_engine.cuda.Event`) after that copy; it returns
     without waiting. The engine queues the target forward with :attr:`ids` (device side,
-    ``[last token] + drafts`` built on the device: ``Program.forward_rows_deferred``),
+    ``[last token] + drafts`` built on the device: ``Program.forward_rows(..., deferred)``),
     and only then calls :meth:`wait` — the host blocks on the event, not on the forward —
     and :meth:`proposals` to read the ids for the sidecar's lookahead Step and for
     verification. On the CPU (eager) there is no event: everything already ran, the
@@ -296,21 +295,3 @@ class EarlyExitDrafter(Drafter):
 
             ev = self._event = Event(timing=False)
         return ev
-
-
-def make_drafter(method: str, program, draft_layers: int = 0) -> Drafter:
-    """The drafter for a speculative method.
-
-    Args:
-        method: ``"ngram"``, ``"early-exit"`` or ``"early-exit-sampled"``.
-        program: the engine's :class:`gpu_engine.executor.eager.Program` (for early exit).
-        draft_layers: early-exit depth ``L``; ``0`` = ``layers // 4``.
-
-    Raises:
-        ValueError: unknown method, or ``draft_layers`` out of range.
-    """
-    if method == "ngram":
-        return NgramDrafter()
-    if method in ("early-exit", "early-exit-sampled"):
-        return EarlyExitDrafter(program, draft_layers, sampled=method == "early-exit-sampled")
-    raise ValueError(f"unknown speculative method {method!r}; expected one of {', '.join(METHODS)}")

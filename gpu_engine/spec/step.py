@@ -21,7 +21,7 @@ from dataclasses import fields
 
 import torch
 
-from gpu_engine.errors import RowError
+from ninfer_common.errors import RowError, Status
 from gpu_engine.core.request import Request
 from gpu_engine.sample.sampler import SAMPLE_OK, SamplingTensors, sample
 from gpu_engine.spec.verify import (
@@ -42,14 +42,13 @@ __all__ = ["verify_rows", "verify_error", "select_rows"]
 def verify_error(code: int) -> RowError:
     """The :class:`RowError` for a ``VERIFY_*`` / ``SAMPLE_*`` code (``code != 0``)."""
     if code in (VERIFY_ERR_DEAD_END, VERIFY_ERR_EMPTY_MASK):
-        return RowError("ConstraintDeadEnd", "the constraint allows no token after the accepted prefix",
-                        "FAILED_PRECONDITION")
+        return RowError("ConstraintDeadEnd", "the constraint allows no token after the accepted prefix", status=Status.FAILED_PRECONDITION)
     if code == VERIFY_ERR_NONFINITE:
-        return RowError("NonFiniteLogits", "the model produced non-finite logits", "INTERNAL")
+        return RowError("NonFiniteLogits", "the model produced non-finite logits", status=Status.INTERNAL)
     if code == VERIFY_ERR_UNREACHABLE:
         return RowError("IntegrityError", "verification reached a lookahead position the sidecar marked "
-                        "UNREACHABLE (expected READY or DEAD_END)", "INTERNAL")
-    return RowError("SamplingError", f"verify error code {code}", "INTERNAL")
+                        "UNREACHABLE (expected READY or DEAD_END)", status=Status.INTERNAL)
+    return RowError("SamplingError", f"verify error code {code}", status=Status.INTERNAL)
 
 
 def select_rows(st: SamplingTensors, idx: torch.Tensor) -> SamplingTensors:
@@ -140,38 +139,63 @@ def verify_rows(
         for j, i in enumerate(spec_idx):
             draft_ids[j, : nd[i]] = torch.tensor(drafts[rows[i].lane], dtype=torch.int64)
         num_drafts = torch.tensor([nd[i] for i in spec_idx], dtype=torch.int32)
-        q = None
-        if any(rows[i].lane in draft_q for i in spec_idx):
-            s = max(draft_q[rows[i].lane][0].shape[-1] for i in spec_idx if rows[i].lane in draft_q)
-            q_ids = torch.full((n, k, s), -1, dtype=torch.int64, device=dev)
-            q_probs = torch.zeros(n, k, s, dtype=torch.float32, device=dev)
-            for j, i in enumerate(spec_idx):
-                lane, m = rows[i].lane, nd[i]
-                if lane in draft_q:
-                    qi, qp = draft_q[lane]
-                    q_ids[j, :m, : qi.shape[-1]] = qi[:m].to(dev)
-                    q_probs[j, :m, : qi.shape[-1]] = qp[:m].to(dev, torch.float32)
-                else:  # one-hot q in sparse form: identical acceptance and residual
-                    q_ids[j, :m, 0] = draft_ids[j, :m].to(dev)
-                    q_probs[j, :m, 0] = 1.0
-            q = (q_ids, q_probs)
+        q = _sparse_q([rows[i] for i in spec_idx], [nd[i] for i in spec_idx], draft_ids, draft_q, dev)
         w = stat = None
         if words is not None:
-            stat = status.index_select(0, sel)[:, : k + 1].to(torch.int64)  # [n, K+1] CPU
-            en = en_host.index_select(0, sel)
-            col = torch.arange(k + 1)
-            beyond = col.unsqueeze(0) > num_drafts.to(torch.int64).unsqueeze(-1)
-            stat = torch.where(beyond, STATUS_UNREACHABLE, stat)  # stale ring columns: never read
-            stat = torch.where(en.unsqueeze(-1), stat, STATUS_UNCONSTRAINED)
-            w = words.index_select(0, sel)[:, : k + 1].to(dev, non_blocking=True)
-            stat = stat.to(torch.uint8).to(dev, non_blocking=True)
+            w, stat = _lookahead_masks(words, status, en_host, sel, num_drafts, k, dev)
         eos = torch.tensor(tuple(getattr(program, "eos_ids", ())), dtype=torch.int64, device=dev)
         positions = torch.tensor([len(rows[i].output_ids) for i in spec_idx], dtype=torch.int64, device=dev)
         res = verify(logits.index_select(0, sel_d)[:, : k + 1], draft_ids.to(dev), select_rows(st, sel_d), w, stat,
                      q, num_drafts.to(dev), eos, positions)
         pending.append(("spec", spec_idx, res.tokens, res.err, (res.num_tokens, res.num_accepted_drafts)))
 
-    # ---- one read-back ------------------------------------------------------------
+    _read_back(pending, codes, toks_out, n_acc)  # one read-back
+
+    out: list[tuple[list[int], RowError | None]] = []
+    for i, r in enumerate(rows):
+        if r.output_ids:  # decode row: the input token and the accepted drafts now have valid KV
+            r.num_cached += 1 + n_acc[i]
+        out.append(([], verify_error(codes[i])) if codes[i] else (toks_out[i], None))
+    return out
+
+
+def _sparse_q(rows: list[Request], nd: list[int], draft_ids: torch.Tensor, draft_q: dict,
+              dev: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The drafts' q in sparse form ``(q_ids [n, K, S] int64 (-1 = unused), q_probs [n, K, S] float32)``,
+    or None when every drafter is one-hot; one-hot rows get ``(draft, 1.0)`` (same acceptance and residual)."""
+    if not any(r.lane in draft_q for r in rows):
+        return None
+    n, k = draft_ids.shape
+    s = max(draft_q[r.lane][0].shape[-1] for r in rows if r.lane in draft_q)
+    q_ids = torch.full((n, k, s), -1, dtype=torch.int64, device=dev)
+    q_probs = torch.zeros(n, k, s, dtype=torch.float32, device=dev)
+    for j, (r, m) in enumerate(zip(rows, nd)):
+        if r.lane in draft_q:
+            qi, qp = draft_q[r.lane]
+            q_ids[j, :m, : qi.shape[-1]] = qi[:m].to(dev)
+            q_probs[j, :m, : qi.shape[-1]] = qp[:m].to(dev, torch.float32)
+        else:
+            q_ids[j, :m, 0] = draft_ids[j, :m].to(dev)
+            q_probs[j, :m, 0] = 1.0
+    return q_ids, q_probs
+
+
+def _lookahead_masks(words: torch.Tensor, status: torch.Tensor, en_host: torch.Tensor, sel: torch.Tensor,
+                     num_drafts: torch.Tensor, k: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``K + 1`` lookahead bitmasks ``[n, K+1, W]`` int32 and statuses ``[n, K+1]`` uint8 of rows ``sel``
+    on ``dev``: columns past a row's drafts (stale ring content) become UNREACHABLE, unconstrained rows
+    UNCONSTRAINED."""
+    stat = status.index_select(0, sel)[:, : k + 1].to(torch.int64)  # [n, K+1] CPU
+    en = en_host.index_select(0, sel)
+    beyond = torch.arange(k + 1).unsqueeze(0) > num_drafts.to(torch.int64).unsqueeze(-1)
+    stat = torch.where(beyond, STATUS_UNREACHABLE, stat)
+    stat = torch.where(en.unsqueeze(-1), stat, STATUS_UNCONSTRAINED)
+    w = words.index_select(0, sel)[:, : k + 1].to(dev, non_blocking=True)
+    return w, stat.to(torch.uint8).to(dev, non_blocking=True)
+
+
+def _read_back(pending: list, codes: list[int], toks_out: list[list[int]], n_acc: list[int]) -> None:
+    """Copy the step's sampled / verified tokens and codes to the host (one ``.tolist()`` per group)."""
     for kind, idx, tok, err, extra in pending:
         if kind == "plain":
             packed = torch.stack([tok, err.to(torch.int64)], dim=1).cpu().tolist()
@@ -187,10 +211,3 @@ def verify_rows(
                 codes[i] = int(e)
                 toks_out[i] = [int(t) for t in row[:m]] if e == VERIFY_OK else []
                 n_acc[i] = int(a) if e == VERIFY_OK else 0
-
-    out: list[tuple[list[int], RowError | None]] = []
-    for i, r in enumerate(rows):
-        if r.output_ids:  # decode row: the input token and the accepted drafts now have valid KV
-            r.num_cached += 1 + n_acc[i]
-        out.append(([], verify_error(codes[i])) if codes[i] else (toks_out[i], None))
-    return out

@@ -48,6 +48,9 @@ from dataclasses import dataclass
 
 import torch
 
+# Per-position status bytes (docs/INTERNALS.md, seed §mask states): the ring layout's, one definition.
+from shared_memory.layout import STATUS_DEAD_END, STATUS_READY, STATUS_UNCONSTRAINED, STATUS_UNREACHABLE
+
 from gpu_engine.sample.rng import Purpose, uniform
 from gpu_engine.sample.sampler import (
     SAMPLE_ERR_EMPTY_MASK,
@@ -72,11 +75,6 @@ __all__ = [
     "verify",
 ]
 
-# Per-position status bytes (docs/INTERNALS.md, seed §mask states).
-STATUS_UNCONSTRAINED = 0
-STATUS_READY = 1
-STATUS_DEAD_END = 2
-STATUS_UNREACHABLE = 3
 
 # Per-row verify error codes; 1 and 2 are the sampling codes.
 VERIFY_OK = SAMPLE_OK

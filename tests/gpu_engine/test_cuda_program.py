@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.cuda_graph import CudaProgram, RingMask
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
@@ -93,8 +94,7 @@ def _run(prog, reqs, ring, schedule, drop_at=None):
             rows = [rows[i] for i in keep]
             logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
-                words, enabled = words.index_select(0, sel), enabled.index_select(0, sel)
-                status = None if status is None else status.index_select(0, sel)
+                words, status, enabled = select_mask_rows(words, status, enabled, sel)
         out = prog.sample_rows(rows, logits, {}, {}, words, status, enabled)
         for r, (toks, err) in zip(rows, out):
             assert err is None, (r.request_id, err)
@@ -151,7 +151,8 @@ def test_ring_mask_marker_and_bytes(ring):
     prog.forward_rows(rows, {})
     words, status, nbytes = prog.stage_masks(ring, 0, rows)
     assert isinstance(words, RingMask) and status is None
-    assert words.index_select(0, torch.tensor([0])) is words
+    sel = torch.tensor([0])
+    assert select_mask_rows(words, status, torch.ones(3, dtype=torch.bool), sel)[0] is words  # addressed by lane
     # constrained rows are r1 (lane 3): lanes 0..3 are copied
     assert nbytes == 4 * ring.geometry.num_words * 4
 

@@ -197,7 +197,7 @@ def test_cuda_greedy_constrained_speculation_equals_plain_decoding(cuda_stack):
 
 # ------------------------------------------- draft-ready overlap on CUDA, random weights (no model file)
 def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
-    """On CUDA: ``propose_batch_device`` + ``CudaProgram.forward_rows_deferred`` queue drafting, the
+    """On CUDA: ``propose_batch_device`` + ``CudaProgram.forward_rows`` queue drafting, the
     ids' D2H copy + ready event and the target forward without any host-device synchronisation
     (``torch.cuda.set_sync_debug_mode("error")``); the ready event completes while the forward may
     still run; the logits equal those of the host-ids path."""
@@ -232,7 +232,7 @@ def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
         torch.cuda.set_sync_debug_mode("error")
         try:
             dd = d.propose_batch_device(rows[:5], ks)
-            got = prog.forward_rows_deferred(rows, host, [dd])
+            got = prog.forward_rows(rows, host, [dd])
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert isinstance(dd, DeviceDrafts) and dd.event is not None and dd.host.is_pinned()

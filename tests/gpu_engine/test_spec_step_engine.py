@@ -24,7 +24,7 @@ from gpu_engine.executor.eager import Program
 from gpu_engine.core.request import ConstraintRef, Finish, Request, SamplingOptions
 from gpu_engine.sample.rng import Purpose
 from gpu_engine.sample.sampler import draw
-from gpu_engine.sidecar.client import StepRowResult
+from gpu_engine.sidecar.client import RowStatus, StepRowResult
 from shared_memory.layout import STATUS_DEAD_END, STATUS_READY, STATUS_UNREACHABLE
 from shared_memory.ring import MaskRing
 
@@ -63,6 +63,7 @@ class FakeSidecar:
         self.ring, self.dfa = ring, dfa
         self.state: dict[str, int] = {}
         self.msgs: list = []
+        self.closed: list = []  # (request_id, final tokens) of the close rows received
         self.generation = 0  # == Request.sidecar_generation default: "prepared in this sidecar"
 
     def start(self):
@@ -83,6 +84,10 @@ class FakeSidecar:
         self.ring.begin_write(slot, seq)
         results = []
         for row in rows:
+            if row.close:  # the engine closes a finished request's session on the Step stream
+                self.closed.append((row.request_id, list(row.commit_tokens)))
+                results.append(StepRowResult(row.request_id, row.row, RowStatus.OK, True, False, "", 0))
+                continue
             s = self.state.get(row.request_id, 0)
             for t in row.commit_tokens:
                 assert self.dfa.allowed(s)[t], f"committed token {t} is illegal in state {s}"
@@ -108,13 +113,12 @@ class FakeSidecar:
                 if d == EOS:
                     break
             bm[i:], st[i:] = 0, STATUS_UNREACHABLE
-            status = "dead_end" if st[0] == STATUS_DEAD_END else "ok"
-            results.append(StepRowResult(row.request_id, row.row, status, False, False, ""))
+            results.append(StepRowResult(row.request_id, row.row, RowStatus.OK, False, False, ""))
         self.ring.end_write(slot, seq)
         return results, 0.0
 
     def close(self, request_id, final_tokens, generation):
-        return True, False, 0, ""
+        raise AssertionError("the engine must close sessions on the Step stream, not with a blocking Close")
 
 
 class FixedQDrafter:
@@ -367,6 +371,10 @@ def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained, deferr
     assert (fins[0].draft_tokens, fins[0].accepted_draft_tokens) == (9, 7)
     assert (fins[1].draft_tokens, fins[1].accepted_draft_tokens) == (3 * 9, 0)  # one token per step
     assert (fins[2].draft_tokens, fins[2].accepted_draft_tokens) == (0, 0)
+    if constrained:  # each session was closed on the Step stream with the row's final tokens (ending in EOS)
+        assert sorted(rid for rid, _ in eng.sidecar.closed) == ["r0", "r1", "r2"]
+        assert all(toks and toks[-1] == EOS for _, toks in eng.sidecar.closed)
+        assert all(f.constraint.complete for f in fins)  # reported by the close row's answer
     if deferred:  # the perfect drafter's 3 steps went through the device-ids path
         assert eng._drafters["early-exit-sampled"].device_calls == 3 == eng.stats.deferred_spec_steps
         assert len(eng.stats.per_step_draft_host_ms) == eng.stats.spec_steps

@@ -18,7 +18,6 @@ class RowStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROW_STATUS_UNSPECIFIED: _ClassVar[RowStatus]
     ROW_STATUS_OK: _ClassVar[RowStatus]
-    ROW_STATUS_DEAD_END: _ClassVar[RowStatus]
     ROW_STATUS_INTEGRITY_ERROR: _ClassVar[RowStatus]
 CACHE_STATUS_UNSPECIFIED: CacheStatus
 CACHE_STATUS_HIT: CacheStatus
@@ -26,7 +25,6 @@ CACHE_STATUS_BUILT: CacheStatus
 CACHE_STATUS_WAITED: CacheStatus
 ROW_STATUS_UNSPECIFIED: RowStatus
 ROW_STATUS_OK: RowStatus
-ROW_STATUS_DEAD_END: RowStatus
 ROW_STATUS_INTEGRITY_ERROR: RowStatus
 
 class ConstraintErrorDetail(_message.Message):
@@ -130,16 +128,18 @@ class CloseResponse(_message.Message):
     def __init__(self, complete: _Optional[bool] = ..., terminated: _Optional[bool] = ..., mask_positions: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RowStep(_message.Message):
-    __slots__ = ("request_id", "row", "commit_tokens", "draft_tokens")
+    __slots__ = ("request_id", "row", "commit_tokens", "draft_tokens", "close")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROW_FIELD_NUMBER: _ClassVar[int]
     COMMIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     row: int
     commit_tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., row: _Optional[int] = ..., commit_tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    close: bool
+    def __init__(self, request_id: _Optional[str] = ..., row: _Optional[int] = ..., commit_tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., close: _Optional[bool] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_seq", "slot", "rows")
@@ -152,20 +152,22 @@ class StepRequest(_message.Message):
     def __init__(self, step_seq: _Optional[int] = ..., slot: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[RowStep, _Mapping]]] = ...) -> None: ...
 
 class RowResult(_message.Message):
-    __slots__ = ("request_id", "row", "status", "complete", "terminated", "error")
+    __slots__ = ("request_id", "row", "status", "complete", "terminated", "error", "mask_positions")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ROW_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MASK_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     row: int
     status: RowStatus
     complete: bool
     terminated: bool
     error: str
-    def __init__(self, request_id: _Optional[str] = ..., row: _Optional[int] = ..., status: _Optional[_Union[RowStatus, str]] = ..., complete: _Optional[bool] = ..., terminated: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    mask_positions: int
+    def __init__(self, request_id: _Optional[str] = ..., row: _Optional[int] = ..., status: _Optional[_Union[RowStatus, str]] = ..., complete: _Optional[bool] = ..., terminated: _Optional[bool] = ..., error: _Optional[str] = ..., mask_positions: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_seq", "slot", "rows", "work_seconds")

@@ -90,6 +90,8 @@ class ConstraintServiceServicer:
 
     def Close(self, request, context):
         """Ends a request's output session, previewing and committing its last tokens.
+        For tools and benches: the engine closes sessions on the Step stream
+        (RowStep.close), never with this blocking call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

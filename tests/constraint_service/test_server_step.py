@@ -1,0 +1,85 @@
+"""The sidecar servicer's Step: close rows end sessions on the stream; a dead end is only the ring status byte."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import grpc
+import pytest
+from conftest import EOS, VOCAB
+
+from constraint_service.server import ConstraintServicer
+from ninfer.constraint.v1 import constraint_pb2 as pb
+from shared_memory.layout import RingGeometry
+from shared_memory.ring import MaskRing
+
+YES = VOCAB.token_bytes.index(b"yes")
+
+
+class Aborted(Exception):
+    pass
+
+
+class Ctx:
+    status = None
+
+    def abort_with_status(self, status):
+        self.status = status
+        raise Aborted
+
+
+@pytest.fixture()
+def servicer():
+    geo = RingGeometry(num_slots=2, num_lanes=4, num_positions=2, vocab_size=VOCAB.vocab_size)
+    ring = MaskRing.create(f"ninfer-test-step-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+    sv = ConstraintServicer()
+    sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+        vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
+        eos_ids=list(VOCAB.eos_ids)), Ctx())
+    g = ring.geometry
+    sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=g.num_slots,
+                                       num_lanes=g.num_lanes, num_positions=g.num_positions,
+                                       num_words=g.num_words), Ctx())
+    yield sv, ring
+    sv.close()
+    ring.close()
+    ring.unlink()
+
+
+def _prepare(sv, rid, options):
+    sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=pb.Constraint(kind="choice", choices=options)), Ctx())
+
+
+def test_close_row_commits_final_tokens_and_ends_the_session(servicer):
+    sv, ring = servicer
+    _prepare(sv, "a", ["yes", "no"])
+    _prepare(sv, "b", ["yes"])
+    _prepare(sv, "c", ["no"])
+    resp = sv._step(pb.StepRequest(step_seq=1, slot=1, rows=[
+        pb.RowStep(request_id="a", row=0, commit_tokens=[YES, EOS], close=True),
+        pb.RowStep(request_id="b", row=0, commit_tokens=[], draft_tokens=[]),  # same row number: a close owns none
+        pb.RowStep(request_id="c", row=1, commit_tokens=[YES], close=True),  # illegal final token
+    ]))
+    a, b, c = resp.rows
+    assert (a.status, a.complete, a.terminated, a.error) == (pb.ROW_STATUS_OK, True, True, "")
+    assert b.status == pb.ROW_STATUS_OK and not b.complete
+    assert c.status == pb.ROW_STATUS_INTEGRITY_ERROR and c.error
+    assert "a" not in sv._sessions and "c" not in sv._sessions and "b" in sv._sessions
+    assert b.request_id == "b" and ring.status(1)[0, 0] == 1  # b's mask was written into row 0
+    again = sv._step(pb.StepRequest(step_seq=2, slot=0, rows=[pb.RowStep(request_id="a", row=0, close=True)]))
+    assert again.rows[0].status == pb.ROW_STATUS_INTEGRITY_ERROR and "no session" in again.rows[0].error
+
+
+def test_row_statuses_are_ok_or_integrity_and_unknown_kinds_are_request_errors(servicer):
+    sv, ring = servicer
+    _prepare(sv, "d", ["yes"])
+    resp = sv._step(pb.StepRequest(step_seq=1, slot=1, rows=[
+        pb.RowStep(request_id="d", row=2, commit_tokens=[YES])]))  # "yes" complete: only EOS is legal
+    assert resp.rows[0].status == pb.ROW_STATUS_OK and resp.rows[0].complete
+    resp = sv._step(pb.StepRequest(step_seq=2, slot=0, rows=[
+        pb.RowStep(request_id="d", row=2, commit_tokens=[EOS])]))
+    assert resp.rows[0].status == pb.ROW_STATUS_OK and resp.rows[0].terminated
+    assert "ROW_STATUS_DEAD_END" not in pb.RowStatus.keys()
+    with pytest.raises(Aborted):
+        sv.Prepare(pb.PrepareRequest(request_id="d2", constraint=pb.Constraint(kind="nope")), ctx := Ctx())
+    assert ctx.status.code == grpc.StatusCode.INVALID_ARGUMENT
