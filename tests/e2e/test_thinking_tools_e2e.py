@@ -100,3 +100,26 @@ def test_continuation_under_a_schema_keeps_thinking_closed(qwen_client):
     with pytest.raises(RequestRejected) as ei:
         qwen_client.generate_text(messages=msgs, continue_final_message=True, thinking=True, max_tokens=4)
     assert ei.value.location == "/thinking/enabled"
+
+
+def test_speculative_drafts_cross_the_close():
+    # n-gram drafts on the Qwen3-shaped random model: drafts may span the forced close and the call
+    # framing; every committed output still decodes and validates
+    from clients.client import NInferClient
+
+    s = Stack(free_port(), ["--model", "qwen3-tiny-random", "--speculative", "ngram", "--num-draft-tokens", "4"])
+    s.start()
+    drafts = 0
+    try:
+        with NInferClient(s.target) as c:
+            for seed in (11, 12):
+                r = c.generate_text(messages=ASK, tools=[LOOKUP], tool_choice="lookup", thinking=True,
+                                    thinking_budget=5, max_tokens=120, temperature=0.0, seed=seed)
+                assert r.reasoning is not None and "</think>" not in r.reasoning and r.text == ""
+                assert r.finish_reason in ("tool_calls", "length"), r
+                for call in r.tool_calls:
+                    jsonschema.validate(json.loads(call["arguments_json"]), LOOKUP["function"]["parameters"])
+                drafts += r.usage["draft_tokens"]
+        assert drafts > 0, "no drafts were proposed: the test would not exercise speculation"
+    finally:
+        s.stop()
