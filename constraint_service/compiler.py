@@ -293,7 +293,8 @@ class ConstraintCompiler:
     def _timeout_error(self, kind: ConstraintKind) -> ConstraintError:
         return ConstraintError(
             "CompileTimeout",
-            f"compiling the {kind} constraint took longer than {self.compile_timeout_s:g} s",
+            f"compiling the {kind if kind is not None else 'tool/thinking'} constraint took longer than "
+            f"{self.compile_timeout_s:g} s",
             "",
         )
 
