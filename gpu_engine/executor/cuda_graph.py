@@ -31,7 +31,6 @@ bookkeeping against :class:`gpu_engine.executor.eager.Program`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -41,25 +40,12 @@ from ninfer_common.errors import RowError
 from gpu_engine.cuda.transfer import to_device_async
 from gpu_engine.executor.eager import Program, _row_error
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
-    _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, StepTiming, batch_buckets,
-    context_buckets, prefill_graph_buckets)
+    _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
+    batch_buckets, context_buckets, prefill_graph_buckets)
 from gpu_engine.executor.graph_capture import GraphPhases
 from gpu_engine.core.request import Request
 
 log = logging.getLogger("ninfer.cuda_program")
-
-@dataclass(frozen=True)
-class RingMask:
-    """Returned by :meth:`CudaProgram.stage_masks` in place of the words: the slot is already on
-    its way to the device bitmask buffer, addressed by lane (so selecting live batch rows leaves
-    it unchanged; the Finish phase gathers words by each live row's lane).
-
-    Attributes:
-        nbytes: bytes copied host -> device for this step.
-    """
-
-    nbytes: int
-
 
 class CudaProgram(GraphPhases, Program):
     """Program with static device buffers, CUDA-graph decode and a registered mask ring.

@@ -98,3 +98,16 @@ def context_buckets(max_seq_len: int, mode: str) -> list[int]:
         if c >= max_seq_len:
             return out
         n = c + 1
+
+
+@dataclass(frozen=True)
+class RingMask:
+    """Returned by :meth:`gpu_engine.executor.cuda_graph.CudaProgram.stage_masks` in place of the words: the slot is already on
+    its way to the device bitmask buffer, addressed by lane (so selecting live batch rows leaves
+    it unchanged; the Finish phase gathers words by each live row's lane).
+
+    Attributes:
+        nbytes: bytes copied host -> device for this step.
+    """
+
+    nbytes: int
