@@ -24,7 +24,7 @@ from ninfer_common.errors import ErrorKind, RequestError
 from ninfer_common.grpc_status import rpc_status_of
 from ninfer_common.telemetry import get_tracer
 
-from gpu_engine.api.convert import finish_to_proto, input_of, params_from_proto
+from gpu_engine.api.convert import delta_to_proto, finish_to_proto, input_of, params_from_proto
 from gpu_engine.core.admission import Admission
 from gpu_engine.core.params import GenerateParams
 from gpu_engine.core.request import Delta, Finish, Request
@@ -72,11 +72,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     """
 
     def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256,
-                 max_queued_requests: int = 64) -> None:
+                 max_queued_requests: int = 64, chat_output=None) -> None:
         self.engine = engine
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
-        self.admission = Admission(engine, frontend, default_max_tokens)
+        self.admission = Admission(engine, frontend, default_max_tokens, chat_output=chat_output)
         # Admission control (issue 14 (6)): Generate calls in flight (admitting, queued or running) are
         # bounded by lanes + queue; past it a call is refused at once with a retry hint, so the RPC
         # pool keeps threads for health checks.
@@ -151,7 +151,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                         else:
                             metrics.inter_token((now - last) / n)
                         last = now
-                    yield pb.GenerateResponse(text=ev.text, token_ids=ev.token_ids)
+                    yield delta_to_proto(ev, req.output is not None)
                     continue
                 assert isinstance(ev, Finish)
                 span.set_attribute("gen_ai.usage.input_tokens", ev.prompt_tokens)
