@@ -78,12 +78,12 @@ def _collect_anchors(s, ptr, out):
 
 def _unproductive(root) -> bool:
     """True when the root cannot derive any finite instance (e.g. required self-recursion)."""
-    from .ir import ANY, Array, Const, Object, Union
-    memo: dict[int, bool] = {}
+    from .ir import Array, Box, Object, Union
+    memo: dict[Box, bool] = {}  # keyed by the Box object (alive in the graph), never by id()
 
     def prod(n, stack) -> bool:
         if isinstance(n, Ref):
-            k = id(n.box)
+            k = n.box
             if k in memo:
                 return memo[k]
             if k in stack:

@@ -34,7 +34,7 @@ class Emitter:
     def __init__(self, expand: bool = False):
         self.expand = expand
         self.rules: list[str] = []
-        self.names: dict[int, str] = {}
+        self.names: dict[Node | Box, str] = {}  # keyed by the (live) object, never by id()
         self.count = 0
         self.str_memo: dict = {}
 
@@ -53,7 +53,7 @@ class Emitter:
             return "[]"
         if isinstance(node, Ref):
             box = node.box
-            key = id(box)
+            key = box
             if key not in self.names:
                 name = self.fresh("d")
                 self.names[key] = name
@@ -61,7 +61,7 @@ class Emitter:
                     raise ConstraintError("UnsupportedSchema", "unresolved recursive reference", box.pointer)
                 self.add(name, self.expr(box.node, box.pointer))
             return self.names[key]
-        key = id(node)
+        key = node
         if key not in self.names:
             name = self.fresh(type(node).__name__.lower()[:3])
             self.names[key] = name

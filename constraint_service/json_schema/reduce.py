@@ -413,7 +413,9 @@ class Reducer:
         if self.merges > MAX_MERGES:
             self.unsupported(ptr, f"composition exceeds the limit of {MAX_MERGES} intersection merges")
         if isinstance(a, Ref) or isinstance(b, Ref):
-            key = (id(a.box) if isinstance(a, Ref) else id(a), id(b.box) if isinstance(b, Ref) else id(b))
+            # keyed by the operands themselves (Box and nodes hash by identity and the memo keeps
+            # them alive, so a key can never be reused by another object; issue 13)
+            key = (a.box if isinstance(a, Ref) else a, b.box if isinstance(b, Ref) else b)
             if key in self.inter_memo:
                 return self.inter_memo[key]
             ra, rb = resolve(a), resolve(b)
