@@ -485,10 +485,13 @@ def _literal_end(src: str, i: int, close: str) -> int:
     return -1
 
 
-def _token_by_text(text: str, vocab: Vocabulary, loc: str) -> int:
-    """The id of the one token whose bytes are exactly ``text`` (llama.cpp's ``<text>``)."""
-    want = text.encode("utf-8")
-    ids = [i for i, b in enumerate(vocab.token_bytes) if b == want]
+def _token_by_text(text: str, by_bytes: dict, loc: str) -> int:
+    """The id of the one token whose bytes are exactly ``text`` (llama.cpp's ``<text>``).
+
+    ``by_bytes`` maps token bytes to ids (built once per grammar); its ``None``
+    entry holds the vocabulary."""
+    vocab = by_bytes[None]
+    ids = by_bytes.get(text.encode("utf-8"), [])
     if not ids:
         raise ConstraintError(
             "InvalidTokenReference",
@@ -524,6 +527,7 @@ def _translate_llama_dialect(src: str, vocab: Vocabulary) -> _Translation:
             single token; ``InvalidGrammar`` for a malformed ``<...>``.
     """
     rules = {m.group(1) for m in _RULE_DEF.finditer(src)}
+    by_bytes: dict = {}  # token bytes -> ids, built on the first <text> reference
     out: list[str] = []
     origin: list[int] = []
     n = len(src)
@@ -605,7 +609,7 @@ def _translate_llama_dialect(src: str, vocab: Vocabulary) -> _Translation:
             i += 1
             if empty_after(i, "|)"):
                 emit(' ""', i)
-        elif c == "." :
+        elif c == ".":
             emit_atom(_ANY_CHAR, i)
             i += 1
         elif c == "<" or (c == "!" and src.startswith("<", i + 1)):
@@ -627,7 +631,11 @@ def _translate_llama_dialect(src: str, vocab: Vocabulary) -> _Translation:
                     "malformed token reference: expected <[id]> (decimal id) or <text> on one line",
                     _line_col(src, lt),
                 )
-            tid = _token_by_text(src[lt:gt + 1], vocab, _line_col(src, lt))
+            if not by_bytes:
+                by_bytes[None] = vocab
+                for k, b in enumerate(vocab.token_bytes):
+                    by_bytes.setdefault(b, []).append(k)
+            tid = _token_by_text(src[lt:gt + 1], by_bytes, _line_col(src, lt))
             emit_atom(name, i)
             emit(str(tid), lt)
             emit(")", gt)
