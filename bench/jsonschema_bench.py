@@ -94,7 +94,7 @@ def outside_generation_form(v) -> bool:
     return False
 
 
-UNKNOWN_KEYWORDS = "reject"
+UNKNOWN_KEYWORDS = "annotate"
 
 
 # ---- mutation-based soundness (issue 13) ----------------------------------------
@@ -679,7 +679,7 @@ def main(argv=None):
                     help="wall budget of one walk; a walk over it is counted as incomplete (timed_out)")
     ap.add_argument("--model", default="~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--rows", action="store_true", help="include per-schema rows in the JSON output")
-    ap.add_argument("--unknown-keywords", choices=["reject", "annotate"], default="reject")
+    ap.add_argument("--unknown-keywords", choices=["reject", "annotate"], default="annotate")
     ap.add_argument("--mutations", type=int, default=40,
                     help="mutation-based soundness: invalid instances derived per valid instance (0: off)")
     ap.add_argument("--shard", default=None, help="K/N: evaluate only records with index %% N == K")

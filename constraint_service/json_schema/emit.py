@@ -11,6 +11,7 @@ from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_js
 from ..regex.automaton import DFA
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union)
+from .keys import object_general, string_general
 from .numbers import JSON_NUMBER, NumberBoundError, decimal_range, int_range
 
 MAX_LEN_BOUND = 8_192
@@ -114,6 +115,9 @@ class Emitter:
 
     # ---- strings -------------------------------------------------------------
     def string(self, n: String, ptr: str) -> str:
+        if n.neg_patterns:  # issue 13 (`not`): json_schema/keys.py
+            return string_general(self, n, ptr)
+        ptr = n.where or ptr
         if not n.patterns:
             if n.max_len is None and n.min_len == 0:
                 return "j_string"
@@ -211,6 +215,8 @@ class Emitter:
         return name
 
     def object(self, o: Object, ptr: str) -> str:
+        if o.patterns or o.min_props or o.max_props is not None:  # issue 13: json_schema/keys.py
+            return object_general(self, o, ptr)
         props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
         all_names = [k for k, _ in o.props]
         has_add = o.additional is not NEVER
