@@ -378,3 +378,23 @@ def test_llama_cpp_grammar_folder_loads(compiler):
         pytest.skip("no llama.cpp checkout (set NINFER_LLAMA_CPP to its root)")
     for name, text in grammars.items():
         make_session(compiler, "grammar", text)  # raises on any refusal
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole language, by enumeration through the masks (test_enumeration's helpers)
+# ---------------------------------------------------------------------------------------------
+
+LLAMA_LANGUAGES = [
+    ("empty-alternatives", 'root ::= "a" sp "b" sp\nsp ::= | " " | "  "', r"a {0,2}b {0,2}", b"ab ", 6),
+    ("optional-group", 'root ::= ( "a" | ) ( | "b" | "ba" )', r"a?(b|ba)?", b"ab", 4),
+    ("dot", 'root ::= "a" . | . "b"', r"a.|.b", b"ab\xc3\xa9", 4),
+    ("dot-star", 'root ::= .* "a"', r".*a", b"ab\n", 4),
+    ("left-recursion", 'root ::= "b" | root "a" | root "c"', r"b[ac]*", b"abc", 4),
+    ("string-escapes", r'root ::= ("\[" | "\]" | "\-")+', r"[\[\]\-]+", b"[]-a", 4),
+]
+
+
+@pytest.mark.parametrize("name,src,pattern,alphabet,n", LLAMA_LANGUAGES, ids=[g[0] for g in LLAMA_LANGUAGES])
+def test_llama_dialect_language(compiler, name, src, pattern, alphabet, n):
+    from test_enumeration import check, re_pred
+    check(make_session(compiler, "grammar", src), re_pred(pattern), alphabet, n)
