@@ -37,6 +37,10 @@ terminated with an incomplete sentence).  Every ``ExcludeToken`` call is
 therefore rewritten to also exclude the EOS ids before compiling, and the
 rewrite is verified on the re-parsed grammar.
 
+After validation, ``R{m,n}`` of a star-closed ``R`` (``L(R) = L(R)*``) is
+replaced by ``R`` (:func:`_collapse_closed_repeats`; same language, avoids
+exponential matching of nested nullable repetitions).
+
 Detection uses xgrammar's parsed structure (``Grammar.serialize_json``,
 format ``v18``); locations come from a small lexer over the source.
 """
@@ -300,7 +304,69 @@ def _parse_xgrammar_dialect(source: str, vocab: Vocabulary) -> "xgr.Grammar":
             'NUL (\\x00) inside a string literal is not supported; use the class [\\x00]',
             f"{line}:{col}",
         )
-    return grammar
+    return _collapse_closed_repeats(grammar)
+
+
+def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
+    """Replace ``R{m,n}`` (``n >= 1`` or unbounded) by ``R`` where ``R``'s language is star-closed.
+
+    A language ``L`` with ``L = L*`` (for example ``[^x]*``, or ``(X*){0,9}``)
+    satisfies ``L{m,n} = L`` for ``n >= 1``: the rewrite keeps the language
+    exactly.  It matters for performance only: xgrammar 0.2.9 expands
+    ``{m,n}`` into ``n`` nullable copies, and nested copies make every
+    character cost exponentially many parse states (llama.cpp's
+    ``(((([^x]*){0,99}){0,99})...)`` grammar, which llama.cpp itself refuses).
+    Rules carrying a lookahead annotation are left alone.  Returns ``grammar``
+    itself when nothing applies.
+    """
+    data = json.loads(grammar.serialize_json())
+    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs_data)]
+    exprs = [exprs_data[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
+    rules = data["rules"]
+    if not any(e and e[0] == _EXPR_REPEAT for e in exprs):
+        return grammar
+    closed: dict[int, bool] = {}
+
+    def expr_closed(k: int, visiting: frozenset) -> bool:
+        e = exprs[k]
+        if not e:
+            return False
+        t = e[0]
+        if t == _EXPR_CHAR_CLASS_STAR:
+            return True
+        if t == _EXPR_RULE_REF:
+            return rule_closed(e[2], visiting)
+        if t == _EXPR_REPEAT:
+            lo, hi = e[3], e[4]
+            return (lo == 0 and hi == -1) or (hi != 0 and rule_closed(e[2], visiting))
+        if t in (_EXPR_SEQUENCE, _EXPR_CHOICES) and e[1] == 1:
+            return expr_closed(e[2], visiting)
+        return False
+
+    def rule_closed(r: int, visiting: frozenset) -> bool:
+        if r in closed:
+            return closed[r]
+        if r in visiting or not 0 <= r < len(rules):
+            return False
+        rule = rules[r]
+        ok = rule[2] == -1 and not rule[3] and expr_closed(rule[1], visiting | {r})
+        closed[r] = ok
+        return ok
+
+    changed = False
+    for k, e in enumerate(exprs):
+        if e and e[0] == _EXPR_REPEAT and e[4] != 0 and rule_closed(e[2], frozenset()):
+            exprs[k] = [_EXPR_RULE_REF, 1, e[2]]
+            changed = True
+    if not changed:
+        return grammar
+    out, ptr = [], []
+    for e in exprs:
+        ptr.append(len(out))
+        out.extend(e)
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = out, ptr
+    return xgr.Grammar.deserialize_json(json.dumps(data))
 
 
 def _exclude_eos(source: str, scan: _Scan, vocab: Vocabulary) -> "xgr.Grammar":

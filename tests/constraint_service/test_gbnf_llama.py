@@ -333,12 +333,29 @@ def test_large_bounded_repetition_is_exact(compiler):
     assert not _feed(session, [b"x" * 2101])
 
 
-def test_deeply_nested_repetition_compiles(compiler):
-    """Six nested {0,99} around a star: llama.cpp refuses it (rule-count limit); it compiles here.
-    (Matching such an ambiguous grammar grows costly per character in xgrammar 0.2.9: see README.)"""
-    session = make_session(compiler, "grammar",
-                           "root ::= (((((([^x]*){0,99}){0,99}){0,99}){0,99}){0,99}){0,99}")
-    assert _feed(session, [b""]) and not _feed(session, [b"x"])
+def test_deeply_nested_repetition_of_a_star(compiler):
+    """Six nested {0,99} around a star: llama.cpp refuses it (rule-count limit); here it means [^x]*.
+    The bounded repetitions of a star-closed language are collapsed (same language), so matching a long
+    string stays cheap instead of growing per character."""
+    src = "root ::= (((((([^x]*){0,99}){0,99}){0,99}){0,99}){0,99}){0,99}"
+    assert "{0, 99}" not in str(parse_gbnf(src, VOCAB))
+    session = make_session(compiler, "grammar", src)
+    assert _feed(session, [b""]) and _feed(session, [b"ab" * 100]) and not _feed(session, [b"abx"])
+
+
+COLLAPSE_LANGUAGES = [
+    ("star-in-bounded", 'root ::= (([ab]*){1,3}){0,2} "c"', r"[ab]*c", b"abc", 4),
+    ("unbounded-in-bounded", 'root ::= ("a"{0,}){2,3} "b"', r"a*b", b"ab", 4),
+    ("zero-times", 'root ::= ([ab]*){0,0} "c"', r"c", b"abc", 3),
+    ("optional-not-closed", 'root ::= ([ab]?){0,2} "c"', r"[ab]{0,2}c", b"abc", 4),
+    ("star-or-literal", 'root ::= ("a" | [b]*){0,2}', r"(a|b*){0,2}", b"ab", 4),
+]
+
+
+@pytest.mark.parametrize("name,src,pattern,alphabet,n", COLLAPSE_LANGUAGES, ids=[g[0] for g in COLLAPSE_LANGUAGES])
+def test_collapsed_repetitions_keep_the_language(compiler, name, src, pattern, alphabet, n):
+    from test_enumeration import check, re_pred
+    check(make_session(compiler, "grammar", src), re_pred(pattern), alphabet, n)
 
 
 def test_missing_root_and_undefined_rule():
