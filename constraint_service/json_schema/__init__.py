@@ -53,9 +53,7 @@ def dialect_of(schema) -> tuple[bool, bool]:
 
 def _reducer(schema, unknown_keywords):
     r = Reducer(schema, False, False, unknown_keywords, dialect=dialect_name(schema))
-    if isinstance(schema, dict):
-        _collect_anchors(schema, "", r.anchors)
-    r.index_ids()
+    r.index_ids()  # $id / id / $anchor in subschema positions only (never inside unknown keywords)
     return r
 
 
@@ -67,20 +65,6 @@ def reduce_schema(schema, unknown_keywords: str = "annotate"):
         raise ConstraintError("UnsatisfiableSchema", "the schema has no valid instance",
                               r.never_reason if r.is_never(node) and r.never_reason is not None else "")
     return node
-
-
-def _collect_anchors(s, ptr, out):
-    if isinstance(s, dict):
-        a = s.get("$anchor")
-        if isinstance(a, str):
-            out[a] = ptr
-        for k, v in s.items():
-            if k in ("enum", "const", "default", "examples", "example"):
-                continue
-            _collect_anchors(v, f"{ptr}/{k.replace('~', '~0').replace('/', '~1')}", out)
-    elif isinstance(s, list):
-        for i, v in enumerate(s):
-            _collect_anchors(v, f"{ptr}/{i}", out)
 
 
 def _unproductive(root) -> bool:

@@ -13,8 +13,9 @@ generated:
 * duration   RFC 3339 appendix A ISO 8601 duration ABNF (JSON Schema 2019-09 7.3.1).
 * email      RFC 5321 Mailbox: dot-string or quoted-string local part, "@", a domain of LDH labels or
              an IPv4 / "IPv6:" address literal.
-* hostname   RFC 1123 labels (1-63 letters, digits, hyphens; no hyphen at either end), dot-separated,
-             at most 253 characters (the absolute form with a final dot is not generated).
+* hostname   RFC 1123 labels (1-63 letters, digits, hyphens; no hyphen at either end; not "--" in
+             positions 3-4, the reserved A-label form), dot-separated, at most 253 characters (the
+             absolute form with a final dot is not generated).
 * ipv4       RFC 2673 dotted-quad, decimal octets without leading zeros.
 * ipv6       RFC 4291 text form as RFC 3986 `IPv6address` (no zone index).
 * uri / uri-reference   RFC 3986 `URI` / `URI-reference`.
@@ -66,7 +67,11 @@ DATE_TIME = f"{DATE}[Tt]{TIME}"
 _DUR_TIME = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
 DURATION = f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DUR_TIME})?|{_DUR_TIME}|[0-9]+W)"
 
-_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# a label never has "--" in positions 3-4 (RFC 5891 4.2.3.1: reserved for A-labels, whose punycode
+# validity is not a regular property; such labels are not generated)
+_A = "[A-Za-z0-9]"
+_M = "[A-Za-z0-9-]"
+_LABEL = f"{_A}(?:{_A}|{_M}{_A}|{_M}{_M}{_A}|{_M}(?:{_A}{_M}|-{_A}){_M}{{0,58}}{_A})?"
 HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
 MAX_LENGTH = {"hostname": 253}  # format-implied maxLength
 

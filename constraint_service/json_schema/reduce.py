@@ -50,6 +50,11 @@ DIALECTS = (("json-schema.org/draft-04/schema", "draft4"), ("json-schema.org/dra
             ("json-schema.org/draft-07/schema", "draft7"), ("json-schema.org/draft/2019-09/schema", "2019-09"),
             ("json-schema.org/draft/2020-12/schema", "2020-12"))
 DEFAULT_BASE = "https://ninfer.invalid/schema.json"
+# where subschemas (and so identifiers) live: keyword -> {name: schema}, [schema], or one schema
+SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+SCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
+SCHEMA_ONE = {"additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
+              "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contentSchema"}
 ALL_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
 
 
@@ -119,7 +124,9 @@ class Reducer:
                 return
             if isinstance(s, dict):
                 ident = s.get(self.id_keyword)
-                if isinstance(ident, str) and not isinstance(s.get("properties"), str):
+                if self.draft7 and "$ref" in s:
+                    ident = None  # drafts 4-7: a sibling of $ref (even $id) is ignored
+                if isinstance(ident, str):
                     uri, frag = urldefrag(urljoin(base, ident))
                     if uri:
                         base = uri
@@ -132,12 +139,16 @@ class Reducer:
                     self.named_anchors.setdefault((base, a), ptr)
                     self.anchors.setdefault(a, ptr)
                 for k, v in s.items():
-                    if k in ("enum", "const", "default", "examples", "example"):
-                        continue
-                    walk(v, f"{ptr}/{esc(k)}", base, depth + 1)
-            elif isinstance(s, list):
-                for i, v in enumerate(s):
-                    walk(v, f"{ptr}/{i}", base, depth + 1)
+                    kp = f"{ptr}/{esc(k)}"
+                    if k in SCHEMA_MAPS and isinstance(v, dict):
+                        for name, sub in v.items():
+                            walk(sub, f"{kp}/{esc(name)}", base, depth + 1)
+                    elif k in SCHEMA_LISTS and isinstance(v, list):
+                        for i, sub in enumerate(v):
+                            walk(sub, f"{kp}/{i}", base, depth + 1)
+                    elif k in SCHEMA_ONE or (k in SCHEMA_LISTS and isinstance(v, dict)):
+                        walk(v, kp, base, depth + 1)
+                    # anything else (unknown keywords, enum/const values) holds no identifiers
         if isinstance(self.root, dict):
             ident = self.root.get(self.id_keyword)
             if isinstance(ident, str):

@@ -203,3 +203,20 @@ def test_errors_carry_keyword_pointer():
                                 "allOf": [{"pattern": "[ab]*b[ab]{15}"}]}}}
     loc = located(big)
     assert loc.startswith("/properties/s"), loc
+
+
+def test_identifier_edge_cases_from_the_test_suite():
+    # an $id inside an unknown keyword is not an identifier: the $ref stays a located rejection
+    s = {"$defs": {"id_in_unknown": {"unknown": {"$id": "https://test.json-schema.org/x.json", "type": "null"}}},
+         "anyOf": [{"$ref": "https://test.json-schema.org/x.json"}]}
+    assert located(s) == "/anyOf/0/$ref"
+    # draft-07: a sibling $id of $ref does not change the base URI
+    d7 = {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "http://localhost:1234/sibling_id/base/",
+          "definitions": {"foo": {"$id": "http://localhost:1234/sibling_id/foo.json", "type": "string"},
+                          "base_foo": {"$comment": "x", "$id": "foo.json", "type": "number"}},
+          "allOf": [{"$comment": "y", "$id": "http://localhost:1234/sibling_id/", "$ref": "foo.json"}]}
+    check(d7, ["1"], ['"a"'])
+
+
+def test_hostname_reserved_a_label_form_not_generated():
+    check({"type": "string", "format": "hostname"}, ['"ab-cd.example"'], ['"xn--X"', '"ab--cd"'], oracle=False)
