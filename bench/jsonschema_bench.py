@@ -3,6 +3,7 @@
 usage: python bench/jsonschema_bench.py DATAFILE [--limit N] [--sample N --seed S] [--out results.json]
                                         [--fuzz-walks N] [--fuzz-sample N] [--fuzz-max-tokens N]
                                         [--mutations N] [--shard K/N]
+       python bench/jsonschema_bench.py merge OUT.json SHARD.json...   (shards run with --rows)
 
 Mutation-based soundness (issue 13): from every valid instance the grammar accepts, up to N instances are
 derived by one local edit (another type, a number just outside a bound, a broken string, a dropped / added /
@@ -665,7 +666,43 @@ def print_table(title, total, by_subset):
     print("rejected by kind:", total["rejected_by_kind"])
 
 
+def merge_main(argv):
+    """`merge OUT.json SHARD.json...`: one result from shard runs made with --shard K/N --rows."""
+    out, paths = argv[0], argv[1:]
+    parts = [json.load(open(p)) for p in paths]
+    rows = [r for p in parts for r in p["rows"]]
+    total, by_subset = summarise(rows)
+    first = parts[0]
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "command": " ; ".join(p["command"] for p in parts) + " ; python bench/jsonschema_bench.py merge "
+              + " ".join([os.path.basename(out)] + [os.path.basename(p) for p in paths]),
+              "revision": first["revision"], "shard_revisions": [p["revision"] for p in parts],
+              "datafile": first["datafile"], "records": len(rows),
+              "seconds": max(p["seconds"] for p in parts), "seconds_per_shard": [p["seconds"] for p in parts],
+              "unknown_keywords": first["unknown_keywords"], "fuzz_walks_per_schema": first["fuzz_walks_per_schema"],
+              "fuzz_max_tokens": first["fuzz_max_tokens"], "total": total, "by_subset": by_subset,
+              "anchors": first["anchors"]}
+    if any("test_suite_categories" in p for p in parts):
+        result["test_suite_categories"] = category_table(rows)
+    result["violations"] = [{"id": r["id"], "instances": r["violations"]} for r in rows if r.get("violations")]
+    result["errors"] = [{"id": r["id"], "kind": r["kind"], "message": r["message"]} for r in rows if r["status"] == "error"]
+    result["fuzz_failures"] = [{"id": r["id"], **r["fuzz"]} for r in rows
+                               if r.get("fuzz", {}).get("failures") or "error" in r.get("fuzz", {})]
+    result["rejection_locations"] = dict(collections.Counter(
+        re.sub(r"/(properties|\$defs|definitions)/[^/]+", r"/\1/*", r.get("location", "")).split("/")[-1] + ":" + r["kind"]
+        for r in rows if r["status"] == "rejected").most_common(40))
+    print_table(result["datafile"], total, by_subset)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1, ensure_ascii=False)
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(markdown(result))
+    return result
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "merge":
+        return merge_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("datafile")
     ap.add_argument("--limit", type=int, default=None)
