@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", default="")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--baseline-emit", default="",
+                    help="an earlier emit.py to time as a third grammar (same reducer, same trajectories)")
+    ap.add_argument("--checkpoint", type=int, default=25, help="rewrite the JSON every N compared schemas")
     ap.add_argument("--note", default="", help="free text stored in the result (e.g. which emitter ran)")
     ap.add_argument("--worst", type=int, default=15, help="worst schemas listed")
     args = ap.parse_args(argv)
@@ -168,133 +171,177 @@ def main(argv: list[str] | None = None) -> int:
     bm = torch.zeros((1, num_words), dtype=torch.int32)
     bm_np = bm.numpy()
 
+    base_emit = _load_baseline(args.baseline_emit) if args.baseline_emit else None
+    names = ["ours"] + (["base"] if base_emit else []) + ["xgr"]
     skipped = collections.defaultdict(list)  # reason -> ids
-    ours_errors = collections.Counter()
     rows = []
-    cold_ours, cold_xgr = [], []
-    tok_ours, tok_xgr = [], []  # pooled per-token medians, ns
-    misses = {"ours": 0, "xgr": 0}
+    cold = {k: [] for k in names}
+    toks = {k: [] for k in names}  # pooled per-token medians, ns
+    misses = {k: 0 for k in names}
     t0 = time.perf_counter()
     tried = []
+
+    def riqr(a):
+        return float((np.percentile(a, 75) - np.percentile(a, 25)) / max(np.median(a), 1e-9))
+
     for n, rec in enumerate(sample):
         if len(rows) >= args.limit:
             break
         tried.append(rec)
         rid = rec["id"]
         text = json.dumps(rec["schema"], ensure_ascii=False)
+        g = {}
         try:
             cc, ci = compiler.compile(ConstraintSpec("json_schema", text))
-            ours = cc._compiled
-            cold_ours.append(ci.seconds)
+            g["ours"] = cc._compiled
+            cold["ours"].append(ci.seconds)
         except ConstraintError as e:
-            ours_errors[e.kind] += 1
             skipped[f"ours:{e.kind}"].append(rid)
             if e.kind == "CompileTimeout":
-                cold_ours.append(args.compile_timeout)  # censored at the deadline
+                cold["ours"].append(args.compile_timeout)  # censored at the deadline
             continue
+        if base_emit is not None:
+            tb = time.perf_counter()
+            try:
+                ebnf = base_emit(text)
+                g["base"] = compiler.backend.compile(compiler.backend.parse_ebnf(ebnf), kind="json_schema",
+                                                     key=("base", text))._compiled
+                cold["base"].append(time.perf_counter() - tb)
+            except Exception as e:  # noqa: BLE001 - recorded; the schema is compared without it
+                skipped["base:" + type(e).__name__].append(rid)
+                continue
         xc, xs, xerr = _xgr_compile(gc, text, args.compile_timeout)
-        if xc is not None:
-            cold_xgr.append(xs)
-        else:
-            skipped["xgr:" + ("timeout" if xerr == "timeout" else "error")].append(rid)
         if xc is None:
+            skipped["xgr:" + ("timeout" if xerr == "timeout" else "error")].append(rid)
             continue
+        cold["xgr"].append(xs)
+        g["xgr"] = xc
         inst = next(t["data"] for t in rec["tests"] if t.get("valid"))
         s = json.dumps(canonicalize(rec["schema"], inst), separators=(",", ":"), ensure_ascii=False)
         traj = tok.encode(s) + [eos]
-        if not accepts(xgr, ours, traj):
-            skipped["ours_rejects_canonical_instance"].append(rid)
+        bad = [k for k in names if not accepts(xgr, g[k], traj)]
+        if bad:
+            skipped[f"{bad[0]}_rejects_canonical_instance"].append(rid)
             continue
-        if not accepts(xgr, xc, traj):
-            skipped["xgr_rejects_canonical_instance"].append(rid)
-            continue
-        per = {"ours": [], "xgr": []}
+        per = {k: [] for k in names}
         full_traj = traj
-        # pathological grammars: the first pass of ours runs under a time budget; if it runs out, only the
-        # tokens it reached are compared, by that single pass (recorded as capped)
-        first = time_trajectory(xgr, ours, traj, bm_np, args.slow_s)
-        capped = len(first[0]) < len(traj) or sum(first[0]) > args.slow_s * 1e9
+        # pathological grammars: the first pass of each of ours (and the baseline) runs under a time budget;
+        # if one runs out, only the tokens it reached are compared, by a single pass each (recorded as capped)
+        firsts = {}
+        for k in names[:-1]:
+            firsts[k] = time_trajectory(xgr, g[k], traj, bm_np, args.slow_s)
+            if len(firsts[k][0]) < len(traj) or sum(firsts[k][0]) > args.slow_s * 1e9:
+                traj = traj[:len(firsts[k][0])]
+        capped = len(traj) < len(full_traj) or any(sum(f[0]) > args.slow_s * 1e9 for f in firsts.values())
         if capped:
-            traj = traj[:len(first[0])]
-            per["ours"].append(first[0])
-            misses["ours"] += first[1]
-            ts, miss = time_trajectory(xgr, xc, traj, bm_np)
-            per["xgr"].append(ts)
-            misses["xgr"] += miss
+            for k in names:
+                ts, miss = time_trajectory(xgr, g[k], traj, bm_np)
+                per[k].append(ts)
+                misses[k] += miss
         else:
             for p in range(args.warmup + args.repeats):
-                order = (("ours", ours), ("xgr", xc)) if p % 2 == 0 else (("xgr", xc), ("ours", ours))
-                for name, g in order:
-                    ts, miss = time_trajectory(xgr, g, traj, bm_np)
+                order = names[p % len(names):] + names[:p % len(names)]
+                for k in order:
+                    ts, miss = time_trajectory(xgr, g[k], traj, bm_np)
                     if p >= args.warmup:
-                        per[name].append(ts)
-                        misses[name] += miss
+                        per[k].append(ts)
+                        misses[k] += miss
         med = {k: np.median(np.asarray(v, dtype=np.float64), axis=0) for k, v in per.items()}
         pass_means = {k: np.asarray(v, dtype=np.float64).mean(axis=1) for k, v in per.items()}
-        tok_ours.extend(med["ours"].tolist())
-        tok_xgr.extend(med["xgr"].tolist())
-        mo, mx = float(med["ours"].mean()) / 1e3, float(med["xgr"].mean()) / 1e3
-
-        def riqr(a):
-            return float((np.percentile(a, 75) - np.percentile(a, 25)) / max(np.median(a), 1e-9))
-
-        rows.append({"id": rid, "subset": subset_of(rec), "tokens": len(traj), "trajectory_tokens": len(full_traj),
-                     "ours_mean_us": mo, "xgr_mean_us": mx, "ratio": mo / mx,
-                     "ours_max_us": float(med["ours"].max()) / 1e3, "xgr_max_us": float(med["xgr"].max()) / 1e3,
-                     "ours_spread": riqr(pass_means["ours"]), "xgr_spread": riqr(pass_means["xgr"]),
-                     "timed_passes": len(per["ours"]), "capped": capped,
-                     "ours_compile_ms": cold_ours[-1] * 1e3, "xgr_compile_ms": xs * 1e3})
-        if (n + 1) % 50 == 0:
+        row = {"id": rid, "subset": subset_of(rec), "tokens": len(traj), "trajectory_tokens": len(full_traj),
+               "timed_passes": len(per["ours"]), "capped": capped}
+        for k in names:
+            toks[k].extend(med[k].tolist())
+            row[f"{k}_mean_us"] = float(med[k].mean()) / 1e3
+            row[f"{k}_max_us"] = float(med[k].max()) / 1e3
+            row[f"{k}_spread"] = riqr(pass_means[k])
+            row[f"{k}_compile_ms"] = cold[k][-1] * 1e3
+        row["ratio"] = row["ours_mean_us"] / row["xgr_mean_us"]
+        if base_emit is not None:
+            row["base_ratio"] = row["base_mean_us"] / row["xgr_mean_us"]
+        rows.append(row)
+        if len(rows) % args.checkpoint == 0:
             r = [x["ratio"] for x in rows]
             print(f"  {n + 1} tried ({time.perf_counter() - t0:.0f} s) compared {len(rows)}, "
                   f"ratio p50 {pct(r, 50):.2f} mean {np.mean(r):.2f}", flush=True)
+            write_report(args, started, t_all, vocab, names, tried, rows, skipped, toks, cold, misses, final=False)
 
     if not rows:
         print("no schema compared", file=sys.stderr)
         return 1
-    ratios = np.asarray([r["ratio"] for r in rows])
-    ratio_summary = summary(ratios) | {"p10": pct(ratios, 10), "geomean": float(np.exp(np.log(ratios).mean())),
-                                       "share_le_target": float((ratios <= TARGET_RATIO).mean())}
-    tok_summary = {"ours": summary(tok_ours, 1e-3), "xgr": summary(tok_xgr, 1e-3)}
-    mean_of_means = {"ours": float(np.mean([r["ours_mean_us"] for r in rows])),
-                     "xgr": float(np.mean([r["xgr_mean_us"] for r in rows]))}
+    write_report(args, started, t_all, vocab, names, tried, rows, skipped, toks, cold, misses, final=True)
+    return 0
+
+
+def _load_baseline(path: str):
+    """An earlier emit.py (e.g. `git show REV:constraint_service/json_schema/emit.py > FILE`) loaded as a
+    sibling module of the current one; returns schema text -> EBNF through the current reducer."""
+    import importlib.util
+
+    from constraint_service.json_schema import parse_schema, reduce_schema
+
+    spec = importlib.util.spec_from_file_location("constraint_service.json_schema._emit_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return lambda text: mod.emit_grammar(reduce_schema(parse_schema(text)))
+
+
+def _ratio_summary(ratios) -> dict:
+    ratios = np.asarray(ratios, dtype=np.float64)
+    return summary(ratios) | {"p10": pct(ratios, 10), "geomean": float(np.exp(np.log(ratios).mean())),
+                              "share_le_target": float((ratios <= TARGET_RATIO).mean())}
+
+
+def write_report(args, started, t_all, vocab, names, tried, rows, skipped, toks, cold, misses, final):
+    ratio_keys = ["ratio"] + (["base_ratio"] if "base" in names else [])
+    ratio = {k: _ratio_summary([r[k] for r in rows]) for k in ratio_keys}
+    tok_summary = {k: summary(v, 1e-3) for k, v in toks.items()}
+    mean_of_means = {k: float(np.mean([r[f"{k}_mean_us"] for r in rows])) for k in names}
     worst = sorted(rows, key=lambda r: -r["ratio"])[:args.worst]
     slowest = sorted(rows, key=lambda r: -r["ours_max_us"])[:args.worst]
     by_subset = {}
     for sub in sorted(set(r["subset"] for r in rows)):
-        rr = np.asarray([r["ratio"] for r in rows if r["subset"] == sub])
-        by_subset[sub] = {"n": int(len(rr)), "ratio_p50": pct(rr, 50), "ratio_mean": float(rr.mean()),
-                          "ratio_max": float(rr.max())}
-
+        rr = [r for r in rows if r["subset"] == sub]
+        by_subset[sub] = {"n": len(rr)}
+        for k in ratio_keys:
+            a = np.asarray([r[k] for r in rr])
+            by_subset[sub] |= {f"{k}_p50": pct(a, 50), f"{k}_mean": float(a.mean()), f"{k}_max": float(a.max())}
     date = started.strftime("%Y-%m-%d")
     out = args.out or os.path.join(ROOT, "bench", "results", f"mask_compare_{date}")
     result = {
         "bench": "mask_compare",
+        "complete": final,
         "date": started.isoformat(timespec="seconds"),
         "device": {"cpu": cpu_model(), "cpus_visible": os.cpu_count(), "platform": platform.platform(),
-                   "python": platform.python_version(), "xgrammar": _xgr_version()},
+                   "python": platform.python_version(), "xgrammar": _xgr_version(),
+                   "loadavg_at_write": os.getloadavg()},
         "command": " ".join(["python", *sys.argv]),
         "git_revision": git_rev(),
         "note": args.note,
         "datafile": os.path.basename(args.datafile),
         "model_vocabulary": {"file": os.path.basename(args.model), "vocab_size": vocab.vocab_size},
         "params": {"limit": args.limit, "seed": args.seed, "repeats": args.repeats, "warmup": args.warmup,
-                   "compile_timeout_s": args.compile_timeout, "ids_from": args.ids_from},
+                   "compile_timeout_s": args.compile_timeout, "ids_from": args.ids_from,
+                   "slow_s": args.slow_s, "baseline_emit": args.baseline_emit},
         "definition": "per token: median over timed passes of one fill_next_token_bitmask (fresh matcher per "
-                      "pass, [1, W] int32); per-schema ratio = mean per-token time ours / xgr on the same "
-                      "canonical trajectory; xgr = compile_json_schema(any_whitespace=False, separators=(',', "
-                      "':'), strict_mode=False)",
+                      "pass, [1, W] int32); per-schema ratio = mean per-token time / xgr's on the same "
+                      "canonical trajectory (ratio: ours, base_ratio: the baseline emitter); xgr = "
+                      "compile_json_schema(any_whitespace=False, separators=(',', ':'), strict_mode=False); cold "
+                      "compile: ours = ConstraintCompiler.compile (convert + compile), base = baseline emit + "
+                      "compile, xgr = compile_json_schema",
         "targets": {"ratio_per_schema_mean": TARGET_RATIO, "p999_per_token_us": TARGET_P999_US,
                     "cold_compile_p50_ms": TARGET_COMPILE_P50_MS},
         "schemas": {"tried": len(tried), "compared": len(rows),
                     "subsets_tried": dict(collections.Counter(map(subset_of, tried))),
                     "subsets_compared": dict(collections.Counter(r["subset"] for r in rows)),
+                    "capped": sum(r["capped"] for r in rows),
                     "skipped": {k: {"n": len(v), "ids": v} for k, v in sorted(skipped.items())}},
-        "ratio": ratio_summary,
+        "ratio": ratio,
         "ratio_by_subset": by_subset,
         "per_token_us": tok_summary,
         "mean_of_schema_means_us": mean_of_means,
-        "cold_compile_ms": {"ours": summary(cold_ours, 1e3), "xgr": summary(cold_xgr, 1e3)},
+        "cold_compile_ms": {k: summary(v, 1e3) for k, v in cold.items()},
         "mask_misses": misses,
         "worst_ratio": worst,
         "slowest_token": slowest,
@@ -305,25 +352,27 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".json", "w") as f:
         json.dump(result, f, indent=1)
+    if not final:
+        return
     if not args.no_plot:
-        plot(rows, tok_ours, tok_xgr, out + ".png", result)
-
+        plot(rows, toks, out + ".png", result)
     print()
-    print(f"compared {len(rows)} of {len(tried)} schemas tried; skipped: "
+    print(f"compared {len(rows)} of {len(tried)} schemas tried ({result['schemas']['capped']} capped); skipped: "
           f"{ {k: len(v) for k, v in sorted(skipped.items())} }")
-    print(f"{'per-schema ratio ours/xgr':28} {'p10':>7} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>8} {'mean':>7} "
+    print(f"{'per-schema ratio to xgr':28} {'p10':>7} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>8} {'mean':>7} "
           f"{'geo':>6} {'<=1.25':>7}")
-    r = ratio_summary
-    print(f"{'':28} {r['p10']:7.2f} {r['p50']:7.2f} {r['p90']:7.2f} {r['p99']:7.2f} {r['max']:8.1f} "
-          f"{r['mean']:7.2f} {r['geomean']:6.2f} {r['share_le_target']:7.1%}")
+    for k, r in ratio.items():
+        print(f"{'ours' if k == 'ratio' else 'baseline':28} {r['p10']:7.2f} {r['p50']:7.2f} {r['p90']:7.2f} "
+              f"{r['p99']:7.2f} {r['max']:8.1f} {r['mean']:7.2f} {r['geomean']:6.2f} {r['share_le_target']:7.1%}")
     print(f"{'per token (us)':28} {'n':>7} {'mean':>7} {'p50':>7} {'p99':>7} {'p99.9':>8} {'max':>9}")
     for k, v in tok_summary.items():
         print(f"{k:28} {v['n']:7d} {v['mean']:7.1f} {v['p50']:7.1f} {v['p99']:7.1f} {v['p99.9']:8.1f} "
               f"{v['max']:9.1f}")
     print(f"{'cold compile (ms)':28} {'n':>7} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>9}")
     for k, v in result["cold_compile_ms"].items():
-        print(f"{k:28} {v['n']:7d} {v['p50']:7.1f} {v['p90']:7.1f} {v['p99']:7.1f} {v['max']:9.1f}")
-    print(f"{'subset':28} {'n':>7} {'p50':>7} {'mean':>7} {'max':>8}")
+        if v.get("n"):
+            print(f"{k:28} {v['n']:7d} {v['p50']:7.1f} {v['p90']:7.1f} {v['p99']:7.1f} {v['max']:9.1f}")
+    print(f"{'subset (ratio ours/xgr)':28} {'n':>7} {'p50':>7} {'mean':>7} {'max':>8}")
     for k, v in by_subset.items():
         print(f"{k:28} {v['n']:7d} {v['ratio_p50']:7.2f} {v['ratio_mean']:7.2f} {v['ratio_max']:8.1f}")
     print("worst ratios: id, tokens, ours mean/max us, xgr mean/max us, ratio")
@@ -332,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{w['xgr_mean_us']:7.1f} {w['xgr_max_us']:7.1f} {w['ratio']:7.2f}")
     print(f"mask misses: {misses}")
     print(f"wrote {out}.json" + ("" if args.no_plot else f" and {out}.png"))
-    return 0
 
 
 def _xgr_version() -> str:
@@ -343,22 +391,25 @@ def _xgr_version() -> str:
         return "?"
 
 
-def plot(rows, tok_ours, tok_xgr, path: str, result: dict) -> None:
+def plot(rows, toks, path: str, result: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    x = np.sort([r["ratio"] for r in rows])
-    a1.plot(x, np.arange(1, len(x) + 1) / len(x))
+    for key, label in (("ratio", "ours"), ("base_ratio", "baseline emitter")):
+        if key not in rows[0]:
+            continue
+        x = np.sort([r[key] for r in rows])
+        a1.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"{label} (p50 {np.median(x):.2f})")
     a1.axvline(TARGET_RATIO, color="r", ls="--", label=f"target {TARGET_RATIO}x")
     a1.set_xscale("log")
-    a1.set_xlabel("per-schema mean mask time, ours / xgrammar compile_json_schema")
+    a1.set_xlabel("per-schema mean mask time / xgrammar compile_json_schema's")
     a1.set_ylabel("CDF over schemas")
     a1.grid(True, which="both", alpha=0.3)
     a1.legend(fontsize=8)
-    for name, v in (("ours", tok_ours), ("xgrammar", tok_xgr)):
+    for name, v in toks.items():
         y = np.sort(np.asarray(v) / 1e3)
         a2.plot(y, np.arange(1, len(y) + 1) / len(y), label=f"{name} (p99.9 {pct(y, 99.9):.0f} us)")
     a2.axvline(TARGET_P999_US, color="r", ls="--", label="1 ms")
@@ -367,7 +418,7 @@ def plot(rows, tok_ours, tok_xgr, path: str, result: dict) -> None:
     a2.set_ylabel("CDF over tokens")
     a2.grid(True, which="both", alpha=0.3)
     a2.legend(fontsize=8)
-    r = result["ratio"]
+    r = result["ratio"]["ratio"]
     fig.suptitle(f"mask_compare {result['date'][:10]}  {result['schemas']['compared']} schemas  ratio p50 "
                  f"{r['p50']:.2f} mean {r['mean']:.2f}  xgrammar {result['device']['xgrammar']}\n"
                  f"{result['device']['cpu']}  rev {result['git_revision'][:12]}", fontsize=9)
