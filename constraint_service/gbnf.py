@@ -198,7 +198,27 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
     try:
         return _parse_xgrammar_dialect(tr.text, vocab)
     except ConstraintError as exc:
-        raise ConstraintError(exc.kind, exc.message, tr.location(exc.location)) from None
+        loc = tr.location(exc.location)
+        message = exc.message
+        spelled = _llama_reference_at(source, loc)
+        if spelled and exc.kind == "InvalidTokenReference":  # name it as the user wrote it
+            message = re.sub(r"^(Token|ExcludeToken): ", f"{spelled}: ", message)
+        raise ConstraintError(exc.kind, message, loc) from None
+
+
+def _llama_reference_at(source: str, loc: str) -> str:
+    """The llama.cpp token reference (``<[5]>``, ``!<eos>``) whose text holds ``loc``, else ""."""
+    m = re.fullmatch(r"(\d+):(\d+)", loc or "")
+    if not m:
+        return ""
+    lines = source.split("\n")
+    line_no, col = int(m.group(1)), int(m.group(2))
+    if line_no > len(lines):
+        return ""
+    for r in re.finditer(r"!?<(?:\[[0-9]+\]|[^>\n]+)>", lines[line_no - 1]):
+        if r.start() < col <= r.end():
+            return r.group(0)
+    return ""
 
 
 def _parse_xgrammar_dialect(source: str, vocab: Vocabulary) -> "xgr.Grammar":

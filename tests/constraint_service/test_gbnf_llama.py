@@ -215,6 +215,12 @@ def test_token_references_delimit_content(compiler):
     check_table(compiler, src, good, bad)
 
 
+def test_token_reference_is_the_id_not_its_text(compiler):
+    """<[id]> is that one token: the same bytes spelled by other tokens do not match (llama.cpp too)."""
+    check_table(compiler, f'root ::= <[{AB}]> "!"', [[AB, "!"]], [["ab!"], [AB]])
+    check_table(compiler, f'root ::= "a" !<[{AB}]>', [["ab"], ["a", YES]], [["a", AB], ["a"]])
+
+
 def test_token_references_in_a_structured_grammar(compiler):
     src = (f"root ::= think+ said call*\n"
            f"think ::= <[{OK_}]> (!<[{ER_}]>)* <[{ER_}]>\n"
@@ -239,6 +245,7 @@ def test_token_text_references(compiler):
     with pytest.raises(ConstraintError) as ei:
         parse_gbnf('root ::= "a"\n  !<eos>', VOCAB)
     assert ei.value.kind == "InvalidTokenReference" and ei.value.location == "2:4" and "EOS" in ei.value.message
+    assert ei.value.message.startswith("!<eos>:")  # named as written, not as the internal rewrite
     with pytest.raises(ConstraintError) as ei:
         parse_gbnf("root ::= <notatoken>", VOCAB)
     assert ei.value.kind == "InvalidTokenReference" and ei.value.location == "1:10"
