@@ -342,14 +342,18 @@ def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
     data = json.loads(grammar.serialize_json())
     exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
     bounds = list(indptr) + [len(exprs_data)]
-    exprs = [exprs_data[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
     rules = data["rules"]
-    if not any(e and e[0] == _EXPR_REPEAT for e in exprs):
+    repeats = [k for k in range(len(indptr))
+               if bounds[k] < bounds[k + 1] and exprs_data[bounds[k]] == _EXPR_REPEAT]
+    if not repeats:
         return grammar
     closed: dict[int, bool] = {}
 
+    def expr_of(k: int) -> list:
+        return exprs_data[bounds[k]: bounds[k + 1]]
+
     def expr_closed(k: int, visiting: frozenset) -> bool:
-        e = exprs[k]
+        e = expr_of(k)
         if not e:
             return False
         t = e[0]
@@ -374,17 +378,17 @@ def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
         closed[r] = ok
         return ok
 
-    changed = False
-    for k, e in enumerate(exprs):
-        if e and e[0] == _EXPR_REPEAT and e[4] != 0 and rule_closed(e[2], frozenset()):
-            exprs[k] = [_EXPR_RULE_REF, 1, e[2]]
-            changed = True
-    if not changed:
+    replace = {}
+    for k in repeats:
+        e = expr_of(k)
+        if e[4] != 0 and rule_closed(e[2], frozenset()):
+            replace[k] = [_EXPR_RULE_REF, 1, e[2]]
+    if not replace:
         return grammar
     out, ptr = [], []
-    for e in exprs:
+    for k in range(len(indptr)):
         ptr.append(len(out))
-        out.extend(e)
+        out.extend(replace[k] if k in replace else expr_of(k))
     data["grammar_expr_data"], data["grammar_expr_indptr"] = out, ptr
     return xgr.Grammar.deserialize_json(json.dumps(data))
 
