@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import gzip
 import json
 import os
 import platform
@@ -133,9 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-emit", default="",
                     help="an earlier emit.py to time as a third grammar (same reducer, same trajectories)")
     ap.add_argument("--checkpoint", type=int, default=25, help="rewrite the JSON every N compared schemas")
+    ap.add_argument("--shard", default="", help="K/N: only candidates with index %% N == K")
+    ap.add_argument("--merge", nargs="*", default=None,
+                    help="instead of measuring: combine the JSON (and .tokens.json.gz) of shard runs into --out")
     ap.add_argument("--note", default="", help="free text stored in the result (e.g. which emitter ran)")
     ap.add_argument("--worst", type=int, default=15, help="worst schemas listed")
     args = ap.parse_args(argv)
+
+    if args.merge:
+        return merge(args)
 
     import torch
     import xgrammar as xgr
@@ -158,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         scanned = len(sample)
     else:  # the whole deterministic round-robin order; records are taken until --limit are compared
         sample, scanned = sample_records(recs, len(recs), args.seed)
+    if args.shard:  # K/N: every N-th candidate from the K-th (run N shards side by side, then --merge)
+        k, nsh = (int(x) for x in args.shard.split("/"))
+        sample = sample[k::nsh]
     print(f"{len(recs)} records; up to {len(sample)} candidates over {len(set(map(subset_of, sample)))} subsets",
           flush=True)
 
@@ -273,6 +283,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def merge(args) -> int:
+    """Combine shard results: rows, skipped lists, per-token and compile samples; report as one run."""
+    parts = []
+    for path in args.merge:
+        base = path[:-5] if path.endswith(".json") else path
+        with open(base + ".json") as f:
+            res = json.load(f)
+        with gzip.open(base + ".tokens.json.gz", "rt") as f:
+            tk = json.load(f)
+        parts.append((res, tk))
+    names = list(parts[0][1])
+    rows = [r for res, _ in parts for r in res["rows"]]
+    tried = [{"id": i} for res, _ in parts for i in res["sample_ids"]]
+    skipped = collections.defaultdict(list)
+    for res, _ in parts:
+        for k, v in res["schemas"]["skipped"].items():
+            skipped[k].extend(v["ids"])
+    toks = {k: [x * 1e3 for _, tk in parts for x in tk[k]] for k in names}
+    cold = {k: [r[f"{k}_compile_ms"] / 1e3 for r in rows] for k in names}
+    misses = {k: sum(res["mask_misses"][k] for res, _ in parts) for k in names}
+    first = parts[0][0]
+    args.note = first["note"] + f" | merged from {len(parts)} shard runs: " + ", ".join(
+        f"{res['command']} (complete={res['complete']}, {res['seconds']} s)" for res, _ in parts)
+    for k in ("limit", "seed", "repeats", "warmup", "compile_timeout_s", "slow_s", "baseline_emit"):
+        setattr(args, {"compile_timeout_s": "compile_timeout"}.get(k, k), first["params"][k])
+
+    class V:
+        vocab_size = first["model_vocabulary"]["vocab_size"]
+
+    started = datetime.datetime.fromisoformat(first["date"])
+    write_report(args, started, time.perf_counter(), V, names, tried, rows, skipped, toks, cold, misses,
+                 final=True)
+    return 0
+
+
 def _load_baseline(path: str):
     """An earlier emit.py (e.g. `git show REV:constraint_service/json_schema/emit.py > FILE`) loaded as a
     sibling module of the current one; returns schema text -> EBNF through the current reducer."""
@@ -352,6 +397,8 @@ def write_report(args, started, t_all, vocab, names, tried, rows, skipped, toks,
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".json", "w") as f:
         json.dump(result, f, indent=1)
+    with gzip.open(out + ".tokens.json.gz", "wt") as f:  # pooled per-token medians (us), for --merge
+        json.dump({k: [round(x / 1e3, 2) for x in v] for k, v in toks.items()}, f)
     if not final:
         return
     if not args.no_plot:
