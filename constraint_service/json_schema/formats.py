@@ -13,9 +13,10 @@ generated:
 * duration   RFC 3339 appendix A ISO 8601 duration ABNF (JSON Schema 2019-09 7.3.1).
 * email      RFC 5321 Mailbox: dot-string or quoted-string local part, "@", a domain of LDH labels or
              an IPv4 / "IPv6:" address literal.
-* hostname   RFC 1123 labels (1-63 letters, digits, hyphens; no hyphen at either end; not "--" in
-             positions 3-4, the reserved A-label form), dot-separated, at most 253 characters (the
-             absolute form with a final dot is not generated).
+* hostname   RFC 1123 labels (letters, digits, hyphens; no hyphen at either end; not "--" in positions
+             3-4, the reserved A-label form), dot-separated. Stricter than RFC 1123 so that the
+             language stays a small regular expression inside the 253-character limit: at most 8
+             labels of at most 30 characters; the absolute form with a final dot is not generated.
 * ipv4       RFC 2673 dotted-quad, decimal octets without leading zeros.
 * ipv6       RFC 4291 text form as RFC 3986 `IPv6address` (no zone index).
 * uri / uri-reference   RFC 3986 `URI` / `URI-reference`.
@@ -71,9 +72,11 @@ DURATION = f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)
 # validity is not a regular property; such labels are not generated)
 _A = "[A-Za-z0-9]"
 _M = "[A-Za-z0-9-]"
-_LABEL = f"{_A}(?:{_A}|{_M}{_A}|{_M}{_M}{_A}|{_M}(?:{_A}{_M}|-{_A}){_M}{{0,58}}{_A})?"
-HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
-MAX_LENGTH = {"hostname": 253}  # format-implied maxLength
+_LABEL = f"{_A}(?:{_A}|{_M}{_A}|{_M}{_M}{_A}|{_M}(?:{_A}{_M}|-{_A}){_M}{{0,25}}{_A})?"  # 1-30 characters
+# at most 8 labels of at most 30 characters: always within the 253-character limit, as a small regular
+# expression (the exact length-and-label product automaton has ~16,000 states)
+HOSTNAME = rf"{_LABEL}(?:\.{_LABEL}){{0,7}}"
+MAX_LENGTH: dict = {}  # format-implied maxLength (none needed with the bounds above)
 
 _ATEXT = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
 _LOCAL = rf'(?:{_ATEXT}+(?:\.{_ATEXT}+)*|"(?:[ !#-\[\]-~]|\\[ -~])*")'
