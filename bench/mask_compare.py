@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="an earlier emit.py to time as a third grammar (same reducer, same trajectories)")
     ap.add_argument("--checkpoint", type=int, default=25, help="rewrite the JSON every N compared schemas")
     ap.add_argument("--shard", default="", help="K/N: only candidates with index %% N == K")
+    ap.add_argument("--skip", type=int, default=0, help="skip the first N candidates (of the shard)")
     ap.add_argument("--merge", nargs="*", default=None,
                     help="instead of measuring: combine the JSON (and .tokens.json.gz) of shard runs into --out")
     ap.add_argument("--note", default="", help="free text stored in the result (e.g. which emitter ran)")
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard:  # K/N: every N-th candidate from the K-th (run N shards side by side, then --merge)
         k, nsh = (int(x) for x in args.shard.split("/"))
         sample = sample[k::nsh]
+    sample = sample[args.skip:]
     print(f"{len(recs)} records; up to {len(sample)} candidates over {len(set(map(subset_of, sample)))} subsets",
           flush=True)
 
@@ -294,7 +296,13 @@ def merge(args) -> int:
             tk = json.load(f)
         parts.append((res, tk))
     names = list(parts[0][1])
-    rows = [r for res, _ in parts for r in res["rows"]]
+    seen: set = set()
+    rows = []
+    for res, _ in parts:  # an id measured by two runs counts once (the first)
+        for r in res["rows"]:
+            if r["id"] not in seen:
+                seen.add(r["id"])
+                rows.append(r)
     tried = [{"id": i} for res, _ in parts for i in res["sample_ids"]]
     skipped = collections.defaultdict(list)
     for res, _ in parts:
