@@ -313,7 +313,8 @@ def merge(args) -> int:
     misses = {k: sum(res["mask_misses"][k] for res, _ in parts) for k in names}
     first = parts[0][0]
     args.note = first["note"] + f" | merged from {len(parts)} shard runs: " + ", ".join(
-        f"{res['command']} (complete={res['complete']}, {res['seconds']} s)" for res, _ in parts)
+        f"{res['command']} (rev {res['git_revision']}, complete={res['complete']}, {res['seconds']} s)"
+        for res, _ in parts)
     for k in ("limit", "seed", "repeats", "warmup", "compile_timeout_s", "slow_s", "baseline_emit"):
         setattr(args, {"compile_timeout_s": "compile_timeout"}.get(k, k), first["params"][k])
 
