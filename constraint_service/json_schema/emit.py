@@ -37,7 +37,10 @@ JSON_PLAIN_CLASS = r'[^\u0000-\u001f"\\\ud800-\udfff]'
 # the SmolLM2 vocabulary).  Up to CHAIN_LIMIT characters are counted by the chain; a longer bound continues
 # with the slow repetition after CHAIN_LIMIT characters (exact language either way).
 CHAIN_LIMIT = 64
-# a single pattern with a counted repetition is emitted as its DFA when that has at most this many states
+# a single pattern is emitted as its DFA when that has at most this many states (each state is a rule:
+# about 5-30 ms of compile); with a counted repetition, whose EBNF form is far slower per mask, up to
+# DFA_FAST_STATES
+DFA_PLAIN_STATES = 64
 DFA_FAST_STATES = 256
 
 BASE_RULES = r'''
@@ -194,14 +197,17 @@ class Emitter:
             return f'"\\"" {self.min_chain(lo, tail)}'
         if len(n.patterns) == 1 and n.min_len == 0 and n.max_len is None:
             ast = search_ast(parse_regex(n.patterns[0], "UnsupportedSchema"))
-            if self.expand or not _counted(ast):
-                return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=self.expand) + ' "\\""'
-            # a counted repetition (e.g. [0-9]{4}): xgrammar evaluates `X{m,n}` at match time (ms per mask);
-            # the pattern's DFA as right-linear rules has precompiled masks when it is small enough
+            if self.expand:
+                return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=True) + ' "\\""'
+            # the pattern's DFA as right-linear rules (one rule per state, the closing quote inside, the
+            # string lookahead) has precompiled masks; the regex structure written as EBNF is ambiguous for
+            # search patterns (`.* x .*`, tens of us per mask) and a counted repetition (e.g. [0-9]{4}) is
+            # evaluated at match time (ms per mask).  A DFA over the state limit keeps the EBNF form.
             key = (n.patterns, 0, None)
             if key not in self.str_memo:
+                limit = DFA_FAST_STATES if _counted(ast) else DFA_PLAIN_STATES
                 try:
-                    dfa = product_dfa([build_nfa(ast)], 0, None, DFA_FAST_STATES, MAX_LEN_BOUND)
+                    dfa = product_dfa([build_nfa(ast)], 0, None, limit, MAX_LEN_BOUND)
                 except AutomatonLimit:
                     dfa = None
                 self.str_memo[key] = None if dfa is None else self.dfa_string(dfa)
