@@ -99,6 +99,7 @@ class Object(Node):
     min_props: int = 0
     max_props: int | None = None
     regions: list = field(default_factory=list)   # [(indices of matching patterns, node)], non-empty sets
+    where: str = ""            # JSON Pointer of patternProperties / minProperties (errors)
 
 
 TYPE_NAMES = ("null", "boolean", "object", "array", "number", "string", "integer")

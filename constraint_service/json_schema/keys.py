@@ -17,6 +17,7 @@ from ..regex.ebnf import repeat
 from .ir import NEVER, Object, String
 
 MAX_STATES = 65_536
+MAX_KEY_STATES = 4_096  # one key class of patternProperties (built in pure Python: keep it quick)
 MAX_LEN_BOUND = 8_192
 
 
@@ -101,12 +102,13 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     return prune(dfa)
 
 
-def _string_rule(em, pos, neg, excluded, min_len, max_len, where, hint="s") -> str | None:
+def _string_rule(em, pos, neg, excluded, min_len, max_len, where, hint="s",
+                 max_states: int = MAX_STATES) -> str | None:
     """Rule name of the canonical JSON string (with quotes) of lang_dfa(...); None if empty."""
     key = ("lang", pos, neg, tuple(sorted(excluded)), min_len, max_len)
     if key not in em.str_memo:
         try:
-            dfa = lang_dfa(pos, neg, excluded, min_len, max_len)
+            dfa = lang_dfa(pos, neg, excluded, min_len, max_len, max_states)
         except AutomatonLimit as e:
             raise ConstraintError("UnsupportedSchema", f"limit {e.limit}: {e}", where)
         if not dfa.accept:
@@ -129,7 +131,7 @@ def string_general(em, n: String, ptr: str) -> str:
 def object_general(em, o: Object, ptr: str) -> str:
     """Object with patternProperties regions and/or minProperties / maxProperties, in the canonical
     order (declared properties in declared order, then the other members)."""
-    where = ptr
+    where = o.where or ptr
     props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
     names = [k for k, _ in o.props]
     pats = tuple(p for p, _ in o.patterns)
@@ -139,12 +141,12 @@ def object_general(em, o: Object, ptr: str) -> str:
             continue
         pos = tuple(pats[i] for i in idx)
         neg = tuple(p for i, p in enumerate(pats) if i not in idx)
-        k = _string_rule(em, pos, neg, names, 0, None, where, "pk")
+        k = _string_rule(em, pos, neg, names, 0, None, where, "pk", MAX_KEY_STATES)
         if k is not None:
             kv_alts.append(f'{k} ":" {em.ref(node, ptr)}')
     if o.additional is not NEVER:
         if pats:
-            k = _string_rule(em, (), pats, names, 0, None, where, "pk")
+            k = _string_rule(em, (), pats, names, 0, None, where, "pk", MAX_KEY_STATES)
         else:
             k = em.key_excluding(names)
         if k is not None:

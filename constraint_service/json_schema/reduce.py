@@ -676,6 +676,7 @@ class Reducer:
                                  f"more than {MAX_PATTERN_PROPERTIES} patternProperties are not supported")
             o = Object(props, req, add, pats, mnp, mxp)
             o.regions = self.regions(pats, ptr + "/patternProperties")
+            o.where = ptr + "/patternProperties" if pats else ptr
             # a declared property also satisfies every patternProperties schema whose pattern it matches
             o.props = [(k, self.intersect(v, self.pattern_schema(o, k, ptr), ptr + "/patternProperties"))
                        for k, v in props]
@@ -932,6 +933,7 @@ class Reducer:
             mxs = [m for m in (a.max_props, b.max_props) if m is not None]
             o = Object(props, req, add, pats, max(a.min_props, b.min_props), min(mxs) if mxs else None)
             o.regions = regions
+            o.where = a.where if a.patterns else b.where
             return self.norm_object(o)
         return NEVER
 

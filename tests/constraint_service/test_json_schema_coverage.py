@@ -220,3 +220,17 @@ def test_identifier_edge_cases_from_the_test_suite():
 
 def test_hostname_reserved_a_label_form_not_generated():
     check({"type": "string", "format": "hostname"}, ['"ab-cd.example"'], ['"xn--X"', '"ab--cd"'], oracle=False)
+
+
+DEV = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "..", "..", "shared", "data",
+                                 "jsonschemabench-maskbench-dev.jsonl.gz")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(DEV), reason="shared data not present")
+def test_pattern_key_class_limit_is_located():
+    """A dev schema whose patternProperties key classes exceed the automaton limit: a located rejection."""
+    import gzip
+    with gzip.open(DEV, "rt", encoding="utf-8") as f:
+        rec = next(r for r in map(json.loads, f) if r["id"] == "Github_hard---o48425")
+    loc = located(rec["schema"])
+    assert loc == "/properties/pokedex_entries/patternProperties", loc
