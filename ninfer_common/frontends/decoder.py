@@ -102,7 +102,10 @@ class OutputDecoder:
         self.fmt = rules.tools
         self.body_constrained = body_constrained
         self.constrained = constrained
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("strict")
+        # Free text (unconstrained content or reasoning of a real or random model) may hold invalid UTF-8:
+        # it is published with U+FFFD, as the plain path's detokenizer does; a grammar-constrained output
+        # is valid UTF-8 by construction, so this never changes a constrained result.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self._stage = REASONING if thinking else "body"
         self._thinking = thinking
         self._buf = ""           # undecided text of the current stage
@@ -129,7 +132,6 @@ class OutputDecoder:
             The deltas they complete, in order.
         Raises:
             DecodeIntegrityError: a constrained call completed but does not decode.
-            UnicodeDecodeError: invalid UTF-8 (a constrained output never has it).
         """
         text = self._utf8.decode(data, final=False)
         out: list[Delta] = []

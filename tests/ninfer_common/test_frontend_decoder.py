@@ -11,7 +11,7 @@ from ninfer_common.frontends import (
     CANONICAL_THINK_CLOSE, QWEN3, QWEN3_5, SMOLLM2, DecodeIntegrityError, FrontendError, OutputDecoder, ToolChoice,
     parse_tools, resolve_policy, rules_for,
 )
-from ninfer_common.frontends.tools import JSON, RAW, ambiguous_params, param_encodings
+from ninfer_common.frontends.tools import JSON, RAW, ToolPolicy, ambiguous_params, param_encodings
 
 LOOKUP = {"name": "lookup", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
           "days": {"type": "integer"}}, "required": ["city", "days"], "additionalProperties": False}, "strict": True}
@@ -246,3 +246,18 @@ def test_reasoning_budget():
     b2 = ReasoningBudget(5)
     b2.on_commit(1, False)  # natural close before the budget ran out
     assert not b2.must_close() and b2.remaining() == 0
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["content", "reasoning"])
+def test_invalid_utf8_in_free_text_is_replaced_not_raised(thinking):
+    """A random-weight model can emit a byte sequence that is not UTF-8 in free text (reasoning, or content
+    without a body constraint): it is published with U+FFFD, as the plain path does, and never fails the
+    step (found through the gateway on the Qwen3-shaped random model)."""
+    rules = QWEN3
+    d = OutputDecoder(rules, ToolPolicy(), thinking=thinking, constrained=False)
+    deltas = d.feed(b"ok \xff\xfe then \xe4\xb8")  # two invalid bytes, then a truncated 3-byte char
+    deltas += d.feed(b"\x8a!")                        # the truncated char completes (U+4E0A)
+    tail, res = d.finish()
+    text = "".join(x.text for x in deltas + tail)
+    assert text == "ok \ufffd\ufffd then \u4e0a!"
+    assert (res.reasoning if thinking else res.content) == text
