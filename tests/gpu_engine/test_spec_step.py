@@ -181,16 +181,18 @@ def test_forward_rows_padded_row_near_context_end_does_not_write_past_its_lane()
                       num_kv_heads=2, head_dim=8, max_position=32)
     s = 32
     model = build_model(cfg, "cpu", torch.float64, max_lanes=3, max_seq_len=s, weights="random", seed=2)
+    model.kv.reserve_all()
     prog = Program(model, V, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, V, (1, s), generator=g)
     for lane in range(3):
         model.forward(ctx[:, : s - 2], torch.tensor([lane]), torch.tensor([0]))
     near, spec = _row(0, out=(5,), cached=s - 2), _row(1, out=(6,), cached=10)
-    lane2_before = model.k_cache[:, 2].clone()
+    lane2_before = model.kv.lane_view(slice(None), 2, s - 2)
     logits = prog.forward_rows([near, spec], {1: [7, 8, 9]})
     ref = model.forward(torch.tensor([[5]]), torch.tensor([2]), torch.tensor([s - 2]))  # lane 2: same history
     assert logits.shape == (2, 4, V)
     torch.testing.assert_close(logits[0, 0], ref[0, 0].float())
     assert torch.isfinite(logits).all()
-    assert torch.equal(model.k_cache[:, 2, :, : s - 2], lane2_before[:, :, : s - 2])
+    for a, b in zip(model.kv.lane_view(slice(None), 2, s - 2), lane2_before):
+        assert torch.equal(a, b)
