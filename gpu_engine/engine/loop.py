@@ -180,6 +180,10 @@ class Engine(Drafting, Closing):
         if not rows:
             return self._close_only_step() if self.sidecar is not None else False
         t0 = time.perf_counter()
+        timings = getattr(self.program, "step_timings", None)
+        n_timings = len(timings) if timings is not None else 0
+        n_waits = len(self.stats.per_step_wait_ms)
+        prefill = any(not r.output_ids for r in rows)
         with _tracer.start_as_current_span("engine.step") as span:
             span.set_attribute("ninfer.batch_size", len(rows))
             self._step_rows(rows)
@@ -187,7 +191,26 @@ class Engine(Drafting, Closing):
         self.stats.step_s += dt
         self.metrics.step_done(dt)
         self.stats.steps += 1
+        self._record_idle(dt, timings, n_timings, n_waits, prefill)
         return True
+
+    def _record_idle(self, dt: float, timings, n_timings: int, n_waits: int, prefill: bool) -> None:
+        """GPU idle of the step just run (EngineStats.per_step_gpu_idle_ms, milliseconds): with CUDA-event
+        timings, wall ``dt`` minus the GPU busy time (Forward + Finish); without them (CPU, eager) the
+        host-wait time on the sidecar's answer (0 on an unconstrained step)."""
+        st = self.stats
+        if timings is not None and len(timings) > n_timings:
+            busy = sum(t.forward_ms + t.finish_ms for t in timings[n_timings:])
+            st.per_step_gpu_busy_ms.append(busy)
+            st.per_step_gpu_idle_ms.append(max(0.0, dt * 1e3 - busy))
+            st.idle_source = "cuda_events"
+        elif timings is None or not getattr(self.program, "timing", False):
+            st.per_step_gpu_idle_ms.append(sum(st.per_step_wait_ms[n_waits:]))
+            st.idle_source = st.idle_source or "host_wait"
+        else:  # a CUDA step that recorded no events (e.g. a speculative step): no figure
+            return
+        st.per_step_wall_ms.append(dt * 1e3)
+        st.per_step_prefill.append(prefill)
 
     def _step_rows(self, rows: list[Request]) -> None:
         """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
