@@ -9,6 +9,7 @@ from gpu_engine.spec.drafters import EarlyExitDrafter, NgramDrafter, ngram_propo
 from gpu_engine.spec.registry import make_drafter
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
+from gpu_engine.core.batch import build_step_batch
 from gpu_engine.core.request import Request, SamplingOptions
 
 
@@ -213,7 +214,7 @@ def test_propose_batch_device_on_cpu_is_trivially_ready_and_matches_propose_batc
                 assert g == r
 
 
-def test_forward_rows_equals_forward_rows_with_host_drafts(model):
+def test_forward_with_deferred_drafts_equals_forward_with_host_drafts(model):
     """Device-side draft ids scattered into [last] + drafts give the very logits of the host path:
     mixed deferred (two k) / host-drafted / draft-less / prefill / near-max_seq_len rows."""
     from gpu_engine.executor.eager import Program
@@ -236,13 +237,14 @@ def test_forward_rows_equals_forward_rows_with_host_drafts(model):
     ref_drafts = dict(host)
     for r, p in zip(dd.rows, dd.proposals()):
         ref_drafts[r.lane] = p
-    ref = prog.forward_rows(order, ref_drafts)
+    ref = prog.forward(build_step_batch(order, ref_drafts))
     pre.num_cached = 0  # run the prefill row again
-    got = prog.forward_rows(order, host, [dd])
+    got = prog.forward(build_step_batch(order, host, deferred=[dd]))
     assert got.shape == ref.shape == (6, 4, V)
     for i, r in enumerate(order):
         n = 1 if r is pre else 1 + len(ref_drafts.get(r.lane, []))
         assert torch.equal(got[i, :n], ref[i, :n]), (i, r.lane)
     # the common case (all rows decode, one forward, in order) returns the forward's logits directly
-    got2 = prog.forward_rows([rows[0], rows[2]], {}, [d.propose_batch_device([rows[0], rows[2]], [2, 2])])
+    dd2 = d.propose_batch_device([rows[0], rows[2]], [2, 2])
+    got2 = prog.forward(build_step_batch([rows[0], rows[2]], deferred=[dd2]))
     assert got2.shape == (2, 3, V)

@@ -14,6 +14,7 @@ import gpu_engine.executor.eager as program_mod
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
 from gpu_engine.executor.eager import Program
+from gpu_engine.core.batch import build_step_batch
 from gpu_engine.core.request import Request, SamplingOptions
 
 V = 301
@@ -80,8 +81,8 @@ def test_batched_prefill_matches_one_by_one(monkeypatch, chunk: int, budget: int
         toks = [int(x) for x in b.argmax(-1)]
 
 
-def test_forward_rows_batches_prefill_with_decode_rows() -> None:
-    """Program.forward_rows: prefill rows of one step in one forward, decode rows beside them."""
+def test_forward_batches_prefill_with_decode_rows() -> None:
+    """Program.forward: prefill rows of one step in one forward, decode rows beside them."""
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(2)
     ref, ours = _model(), _model()
@@ -99,10 +100,10 @@ def test_forward_rows_batches_prefill_with_decode_rows() -> None:
     for lane, r in enumerate(rows):
         r.lane = lane
     # row 0 is already decoding: prefill it first
-    out0 = prog.forward_rows(rows[:1], {})
+    out0 = prog.forward(build_step_batch(rows[:1]))
     rows[0].output_ids.append(int(out0[0, 0].argmax()))
     calls.clear()
-    out = prog.forward_rows(rows, {})
+    out = prog.forward(build_step_batch(rows))
     assert sorted(calls) == [(1, 1), (2, 11)]  # one decode forward, one batched prefill forward
     want0 = _one_by_one(ref, 0, prompts[0])
     assert (out0[0, 0] - want0).abs().max().item() < 1e-4
