@@ -80,15 +80,16 @@ def engine_tables(doc: dict) -> str:
         for bl in m.get("baseline", []):
             eng = next((r for r in runs if r["batch"] == bl["batch"] and r["variant"] == bl["variant"]), None)
             ratio = f"{eng['tokens_per_s'] / bl['tokens_per_s']:.1f}×" if eng and bl.get("tokens_per_s") else "–"
-            out.append(f"* vs `transformers`{' + xgrammar' if bl['variant'] != 'none' else ''} {' (static cache)' if bl.get('cache') == 'static' else ''} "
-                       f"B={bl['batch']} {bl['variant']}: {_spread(bl, 'tokens_per_s')} tok/s → engine {ratio}")
+            out.append(f"* vs `transformers`{' + xgrammar' if bl['variant'] != 'none' else ''}"
+                       f"{' (static cache)' if bl.get('cache') == 'static' else ''} B={bl['batch']} {bl['variant']}: {_spread(bl, 'tokens_per_s')} tok/s → engine {ratio}")
     return "\n".join(out)
 
 
 def spec_table(doc: dict) -> str:
     out = [_provenance(doc), "",
            f"K = {doc.get('num_draft_tokens')}, T = {doc.get('temperature')}, {doc.get('steps', '?')} steps × "
-           f"{doc.get('repeats', 1)} repeats, closed loop (median, min–max).", "",
+           f"{doc.get('repeats', 1)} repeat(s), {doc.get('loop', 'open loop: B requests submitted at once').split(';')[0]}"
+           " (median, min–max).", "",
            "| method | workload | B | tok/s | speed-up vs none | mean accepted length |",
            "|---|---|---:|---:|---:|---:|"]
     for r in doc.get("results", []):
@@ -118,10 +119,10 @@ def newest(prefix: str, prefer: str = "cuda") -> Path | None:
 
 def replace_block(text: str, name: str, body: str) -> tuple[str, bool]:
     """Replace the text between the ``bench:name`` markers; (new text, found)."""
-    pat = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
+    pat = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
     if not pat.search(text):
         return text, False
-    return pat.sub(lambda m: m.group(1) + body + m.group(2), text), True
+    return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text), True
 
 
 def main(argv=None) -> int:
