@@ -1,9 +1,23 @@
 """Engine benchmark (issue 5): constrained vs unconstrained decoding, and transformers + xgrammar.
 
 usage:
-  python bench/engine_bench.py --device cuda --model PATH.gguf [--preset llama-1b-random]
-         [--batches 1 8 32 64 128] [--max-tokens 64] [--steps 48] [--baseline] [--out FILE.json]
+  python bench/engine_bench.py --device cuda --model PATH.gguf [--preset llama-8b-random qwen3-8b-random]
+         [--no-real] [--batches 1 8 32 64 128] [--max-tokens 64] [--steps 400] [--repeats 3] [--jsb 64]
+         [--baseline] [--out FILE.json]
+  python bench/engine_bench.py --quick                   # CPU smoke run of every code path
   python bench/engine_bench.py --plot FILE.json          # plots + table from saved results (no device)
+
+Honest-benchmark rules (issue 12): every (model, B, variant) is a closed loop at constant concurrency
+(finished rows replaced at once, every variant) measured over ``--steps`` (default 400) steps after
+``--warm-steps``, repeated ``--repeats`` (default 3) times: tables show medians with [min-max]. Variants
+include ``json_schema_jsb``: ``--jsb`` (default 64) JSONSchemaBench MaskBench-dev schemas sampled
+round-robin across subsets (bench_common.jsb_sample; only schemas our converter accepts; the ids taken,
+the ids skipped and why, and any the sidecar refused are in the JSON). Headline overlap metric: **GPU idle
+per decode step** (EngineStats.per_step_gpu_idle_ms: CUDA = step wall time - Forward - Finish CUDA-event
+time; CPU = time blocked on the sidecar). ``hbm_bound_fraction`` = ((weight bytes + live KV bytes) /
+4.8 TB/s) / median decode step. Random-weight shapes (``--preset``) are labelled "random weights" in
+every line. Results: ``bench/results/engine_bench_<date>_<device>.json`` (+ one PNG per model) with
+date, device, command and git revision (``$NINFER_GIT_REV`` where the tree has no git).
 
 What it runs, in one process (no gRPC front end: the Engine is driven in-process,
 with the real constraint sidecar subprocess and the shared-memory mask ring, as
