@@ -248,7 +248,37 @@ def main() -> int:
               f"{s['ratio_vs_unconstrained']:7.2f} {vs_hf} {s['ttft_p50_ms']:12.1f} {s['itl_p50_ms']:11.1f} "
               f"{s['itl_p99_ms']:11.1f}")
     print(f"\nwrote {out}")
+    try:
+        print(f"wrote {plot(res, meta, out.with_suffix('.png'))}")
+    except ImportError:
+        print("matplotlib missing: no plot")
     return 0
+
+
+def plot(res: dict, meta: dict, path: Path) -> Path:
+    """Grouped bars: tokens/s per kind and batch (median, error bars = min-max over repeats)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(s["kind"] for s in res["summary"]))
+    batches = sorted({s["batch"] for s in res["summary"]})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    w = 0.8 / len(kinds)
+    for k, kind in enumerate(kinds):
+        sel = [next(s for s in res["summary"] if s["batch"] == b and s["kind"] == kind) for b in batches]
+        med = [s["tokens_per_s"] for s in sel]
+        err = [[m - s["tokens_per_s_spread"]["min"] for m, s in zip(med, sel)],
+               [s["tokens_per_s_spread"]["max"] - m for m, s in zip(med, sel)]]
+        ax.bar([i + k * w for i in range(len(batches))], med, w, yerr=err, capsize=3, label=kind)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(batches))], [f"B={b}" for b in batches])
+    ax.set(ylabel="output tokens/s", title=f"CPU through the public API ({meta['revision'][:10]}, {meta['date']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
