@@ -16,7 +16,8 @@ Padding rows repeat row 0's lane and token at the **scratch position**
 usable positions, so no real row ever writes or attends it); their outputs are ignored.
 Prompts longer than the largest prefill bucket take the eager chunked prefill.
 
-Eager fallbacks (same results, no graphs): speculative steps (drafts) and rows with
+Eager fallbacks (same results, no graphs): speculative steps (drafts; with ``spec_graphs``
+only their masks and verification, the target forward replays a graph) and rows with
 presence/frequency penalties (need per-step output counts). A speculative step with early-exit drafts keeps the draft ids
 on the device (draft-ready overlap, issue 6): drafting kernels → ``non_blocking`` D2H
 copy of the ids into pinned memory → cuda-python ready event → the eager target
@@ -61,6 +62,10 @@ class CudaProgram(GraphPhases, Program):
         graph_context: ``"buckets"`` (a Forward graph per context bucket) or ``"full"``
             (one per batch bucket, attention over ``max_seq_len`` positions).
         timing: record per-step CUDA-event timings into :attr:`step_timings`.
+        prefill_graphs: prefill-graph bucket spec (:func:`prefill_graph_buckets`).
+        spec_graphs: run the target forward of speculative steps through graphs of width
+            ``K_ring + 1`` (the ring's positions; needs a ring with ``K_ring >= 1``), see
+            :mod:`gpu_engine.executor.graph_capture`; off: speculative forwards run eagerly.
 
     Buffers (all allocated here, on ``device``):
         ``logits``: ``[L, V]`` float32, Forward output / Finish input, batch-row order.
@@ -77,7 +82,7 @@ class CudaProgram(GraphPhases, Program):
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device, ring=None,
                  use_graphs: bool = True, graph_context: str = "buckets", timing: bool = True,
-                 prefill_graphs: str | None = None) -> None:
+                 prefill_graphs: str | None = None, spec_graphs: bool = False) -> None:
         super().__init__(model, vocab_size, device)
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = bool(use_graphs and self.is_cuda)
@@ -125,6 +130,7 @@ class CudaProgram(GraphPhases, Program):
             self._pf_zero = torch.zeros(R, dtype=torch.int64, device=dev)
             self._pf_out = torch.zeros(R, V, dtype=torch.float32, device=dev)
         self._fwd_graphs: dict[tuple[int, int], tuple] = {}
+        self._init_spec_graphs(P if spec_graphs else 0)  # static [L, K+1] speculative forward buffers
         self._fin_graphs: dict[tuple[int, bool, bool], tuple] = {}
         self._registration = None
         self._events = None
@@ -271,8 +277,10 @@ class CudaProgram(GraphPhases, Program):
         """
         self._fwd_rows = None
         self._step_mask_bytes = 0
-        self._eager_step = self._needs_eager(batch)
+        self._eager_step = self._needs_eager(batch)  # masks and sampling / verification eager
         if self._eager_step:
+            if batch.speculative and self._spec_graph_fits(batch):
+                return self._spec_forward(batch)  # [B, K_ring + 1, V] from the static buffer
             return super().forward(batch)
         rows = batch.rows
         self._record("start")
