@@ -4,6 +4,10 @@ without capture, so this checks its buffer bookkeeping (host and deferred drafts
 K_ring, padding rows, prefill rows in the step) and the fallbacks (tight rows, more drafts than K_ring)."""
 from __future__ import annotations
 
+import os
+import uuid
+
+import pytest
 import torch
 
 from gpu_engine.core.batch import build_step_batch
@@ -14,6 +18,7 @@ from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
 from gpu_engine.spec.drafters import EarlyExitDrafter
 from shared_memory.layout import RingGeometry
+from shared_memory.ring import MaskRing
 
 V, LANES, SEQ, KR = 70, 8, 64, 3
 CFG = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
@@ -24,8 +29,17 @@ class _Ring:  # CudaProgram reads only the geometry of the ring on the CPU
     geometry = RingGeometry(2, LANES, KR + 1, V)
 
 
-def _model():
-    return build_model(CFG, "cpu", torch.float64, LANES, SEQ, weights="random", seed=5)
+@pytest.fixture
+def ring():
+    r = MaskRing.create(f"ninfer-test-specgraphs-{os.getpid()}-{uuid.uuid4().hex[:8]}", _Ring.geometry)
+    yield r
+    r.close()
+    r.unlink()
+
+
+def _model(device="cpu"):
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    return build_model(CFG, device, dtype, LANES, SEQ, weights="random", seed=5)
 
 
 def _rows(prompts):
@@ -47,16 +61,30 @@ def _advance(rows, logits):
 
 def _check(got, ref, batch):
     assert got.shape[0] == ref.shape[0] == batch.size
+    tol = 1e-9 if got.device.type == "cpu" else 1e-4
     for i in range(batch.size):
         n = 1 if bool(batch.prefill[i]) else 1 + int(batch.num_drafts[i])
-        torch.testing.assert_close(got[i, :n], ref[i, :n], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(got[i, :n], ref[i, :n], rtol=tol, atol=tol)
 
 
 def test_spec_forward_phase_matches_eager_program():
+    _compare("cpu", _Ring(), use_graphs=False)
+
+
+@pytest.mark.gpu
+def test_spec_graphs_on_cuda_match_eager_program(ring):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    prog = _compare("cuda", ring, use_graphs=True)
+    assert prog._spec_graphs  # captured at start-up
+
+
+def _compare(device, ring, use_graphs):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (5, 9, 4, 7, 6)]
-    ref_prog = Program(_model(), V, torch.device("cpu"))
-    prog = CudaProgram(_model(), V, torch.device("cpu"), _Ring(), use_graphs=False, spec_graphs=True)
+    dev = torch.device(device)
+    ref_prog = Program(_model(device), V, dev)
+    prog = CudaProgram(_model(device), V, dev, ring, use_graphs=use_graphs, spec_graphs=True)
     assert prog.spec_t == KR + 1
     ref_rows, rows = _rows(prompts[:4]), _rows(prompts[:4])
     # step 1: prefill
@@ -84,6 +112,8 @@ def test_spec_forward_phase_matches_eager_program():
     got = prog.forward(batch)
     assert got.shape == (5, KR + 1, V)
     _check(got, ref, batch)
+    prog.close()
+    return prog
 
 
 def test_tight_rows_and_long_drafts_take_the_eager_forward():
