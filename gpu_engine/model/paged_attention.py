@@ -41,9 +41,11 @@ def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     B, nh, T, hd = q.shape
     nkv, _, bs, _ = k_pool.shape
     nb = min(-(-ctx // bs), block_table.shape[1])
-    table = block_table[lanes, :nb]                                                     # [B, nb]
-    keys = k_pool[:, table].transpose(0, 1).reshape(B, nkv, nb * bs, hd)                # one gather
-    vals = v_pool[:, table].transpose(0, 1).reshape(B, nkv, nb * bs, hd)
+    table = block_table[lanes, :nb].reshape(-1)                                         # [B*nb]
+    # one gather per pool: index_select copies whole blocks (bs*hd contiguous values), far cheaper on
+    # the CPU than advanced indexing; [nkv, B*nb, bs, hd] -> [B, nkv, nb*bs, hd] is then a view
+    keys = k_pool.index_select(1, table).view(nkv, B, nb * bs, hd).transpose(0, 1)
+    vals = v_pool.index_select(1, table).view(nkv, B, nb * bs, hd).transpose(0, 1)
     key_pos = torch.arange(nb * bs, device=q.device)
     mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]                          # [B, 1, T, nb*bs]
     return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
