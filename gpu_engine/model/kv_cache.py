@@ -98,7 +98,10 @@ class PagedKVCache:
                               f"{self.block_size} positions, {len(self._free)} free of {self.num_blocks}")
         new = [self._free.pop() for _ in range(need - have)]
         owned.extend(new)
-        self.block_table[lane, have:need].copy_(torch.tensor(new, dtype=torch.int64))
+        src = torch.tensor(new, dtype=torch.int64)
+        if self.block_table.is_cuda:  # pinned + non_blocking: no host sync (the caching host allocator
+            src = src.pin_memory()    # keeps the pinned block alive until the copy has run)
+        self.block_table[lane, have:need].copy_(src, non_blocking=self.block_table.is_cuda)
 
     def reserve_all(self) -> None:
         """Reserve ``max_seq_len`` positions for every lane (callers that drive ``forward`` directly:
