@@ -235,6 +235,7 @@ def run(args) -> dict:
     if args.defer_drafts != "auto":
         engine.defer_drafts = args.defer_drafts == "on"
     if engine.sidecar is not None:  # the engine is stepped in this thread (no worker thread)
+        engine.sidecar.startup_timeout_s = max(engine.sidecar.startup_timeout_s, 600.0)  # loaded CPU hosts
         engine.sidecar.start()
     load_s = time.perf_counter() - t0
     svc = GenerationServicer(engine, frontend)
