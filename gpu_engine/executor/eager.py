@@ -296,7 +296,8 @@ class Program:
         en = None if enabled is None else enabled.to(self.device, non_blocking=True)
         positions = torch.tensor([len(r.output_ids) for r in rows], dtype=torch.int64, device=self.device)
         tokens, err = sample(logits[:, 0], st, w0, en, positions)
-        tokens, err = tokens.tolist(), err.tolist()
+        packed = torch.stack([tokens.to(torch.int64), err.to(torch.int64)]).tolist()  # the step's one read-back: [2][B]
+        tokens, err = packed[0], packed[1]
         out = []
         for r, t, e in zip(rows, tokens, err):
             if r.output_ids:  # decode row: its input token is now in the KV cache
