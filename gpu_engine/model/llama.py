@@ -127,13 +127,7 @@ class LlamaModel(nn.Module):
         self.kv = PagedKVCache(c.num_layers, c.num_kv_heads, hd, max_lanes=self.max_lanes,
                                max_seq_len=self.max_seq_len, block_size=block_size, num_blocks=num_blocks,
                                device=self.device, dtype=dtype)
-        if attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
-        if attention == "auto":
-            from gpu_engine.model.paged_attention import triton_available
-
-            attention = "triton" if self.device.type == "cuda" and triton_available() else "reference"
-        self.attention = attention
+        self.set_attention(attention)
         inv = rope_inv_freq(c)
         ang = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64), inv)
         ang = torch.cat((ang, ang), dim=-1)
@@ -194,6 +188,26 @@ class LlamaModel(nn.Module):
                 p.zero_()
             else:
                 p.normal_(0.0, std, generator=g)
+
+    def set_attention(self, attention: str) -> None:
+        """Choose the attention implementation: ``"auto"`` (the Triton paged kernel for decode/verify
+        rows on CUDA when triton imports, gather + SDPA otherwise), ``"reference"`` or ``"triton"``.
+        Set before CUDA graphs are captured (graphs keep the implementation they captured).
+
+        Raises:
+            ValueError: an unknown name, or ``"triton"`` off CUDA (outside ``TRITON_INTERPRET=1``).
+        """
+        import os
+
+        from gpu_engine.model.paged_attention import triton_available
+
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
+        if attention == "auto":
+            attention = "triton" if self.device.type == "cuda" and triton_available() else "reference"
+        elif attention == "triton" and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+        self.attention = attention
 
     def reset_cache(self) -> None:
         """Zero the whole KV pool (never needed for correctness: unwritten positions are masked)."""
