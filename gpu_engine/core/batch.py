@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from gpu_engine.core.request import Request
@@ -78,8 +79,8 @@ class StepBatch:
 
     @property
     def max_drafts(self) -> int:
-        """The step's ``T - 1``: the largest ``num_drafts`` (0 without drafts)."""
-        return int(self.num_drafts.max()) if len(self.rows) else 0
+        """The step's ``T - 1``: the largest ``num_drafts`` (0 without drafts), i.e. ``K``."""
+        return self.drafts.shape[1]
 
     @property
     def speculative(self) -> bool:
@@ -107,14 +108,15 @@ class StepBatch:
     def select(self, idx: Sequence[int]) -> "StepBatch":
         """Rows ``idx`` (batch-row indices, in that order) of this batch."""
         sel = torch.tensor(list(idx), dtype=torch.int64)
+        num = self.num_drafts.index_select(0, sel)
+        k = int(num.max()) if len(idx) else 0  # K stays the longest draft list of the rows kept
         q = self.draft_q
         if q is not None:
             sq = sel.to(q[0].device)
-            q = (q[0].index_select(0, sq), q[1].index_select(0, sq))
+            q = (q[0].index_select(0, sq)[:, :k], q[1].index_select(0, sq)[:, :k]) if k else None
         return replace(self, rows=tuple(self.rows[i] for i in idx), lanes=self.lanes.index_select(0, sel),
                        start=self.start.index_select(0, sel), prefill=self.prefill.index_select(0, sel),
-                       drafts=self.drafts.index_select(0, sel), num_drafts=self.num_drafts.index_select(0, sel),
-                       draft_q=q)
+                       drafts=self.drafts.index_select(0, sel)[:, :k].contiguous(), num_drafts=num, draft_q=q)
 
     def _q_device(self) -> torch.device | None:
         return None if self.draft_q is None else self.draft_q[0].device
@@ -144,24 +146,28 @@ def build_step_batch(rows: Sequence[Request], drafts: Mapping[int, Sequence[int]
     rows = tuple(rows)
     b = len(rows)
     pending = {r.lane: k for dd in deferred for r, k in zip(dd.rows, dd.ks)}
-    nd = []
-    for r in rows:
-        host = len(drafts.get(r.lane, ()))
-        if host and r.lane in pending:
-            raise ValueError(f"lane {r.lane} has both host and deferred drafts")
-        nd.append(host or pending.get(r.lane, 0))
+    nd = [0] * b
+    if drafts or pending:
+        for i, r in enumerate(rows):
+            host = len(drafts.get(r.lane, ()))
+            if host and r.lane in pending:
+                raise ValueError(f"lane {r.lane} has both host and deferred drafts")
+            nd[i] = host or pending.get(r.lane, 0)
     k = max(nd, default=0)
-    ids = torch.full((b, k), -1, dtype=torch.int32)
-    for i, r in enumerate(rows):
-        d = drafts.get(r.lane)
-        if d:
-            ids[i, : len(d)] = torch.tensor(list(d), dtype=torch.int32)
-    lanes = torch.tensor([r.lane for r in rows], dtype=torch.int32)
-    start = torch.tensor([r.num_cached for r in rows], dtype=torch.int32)
-    prefill = torch.tensor([r.num_cached == 0 and not r.output_ids for r in rows], dtype=torch.bool)
-    num = torch.tensor(nd, dtype=torch.int32)
-    q = _sparse_q(rows, nd, ids, draft_q, device) if any(r.lane in draft_q and nd[i]
-                                                          for i, r in enumerate(rows)) else None
+    # numpy, then one torch.from_numpy each: the per-step host cost stays a few microseconds
+    ids_np = np.full((b, k), -1, dtype=np.int32)
+    if drafts:
+        for i, r in enumerate(rows):
+            d = drafts.get(r.lane)
+            if d:
+                ids_np[i, : len(d)] = d
+    ids = torch.from_numpy(ids_np)
+    lanes = torch.from_numpy(np.array([r.lane for r in rows], dtype=np.int32).reshape(b))
+    start = torch.from_numpy(np.array([r.num_cached for r in rows], dtype=np.int32).reshape(b))
+    prefill = torch.from_numpy(np.array([not (r.num_cached or r.output_ids) for r in rows], dtype=np.bool_).reshape(b))
+    num = torch.from_numpy(np.asarray(nd, dtype=np.int32).reshape(b))
+    q = _sparse_q(rows, nd, ids, draft_q, device) if draft_q and any(
+        r.lane in draft_q and nd[i] for i, r in enumerate(rows)) else None
     return StepBatch(rows, lanes, start, prefill, ids, num, q, tuple(deferred), slot)
 
 

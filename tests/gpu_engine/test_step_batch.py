@@ -86,3 +86,10 @@ def test_stage_masks_without_a_slot_is_a_clear_error():
     prog = Program(_Model(), 8, torch.device("cpu"))
     with pytest.raises(ValueError, match="no ring slot"):
         prog.stage_masks(object(), build_step_batch([_row(0)]))
+
+
+def test_select_of_rows_without_drafts_is_not_speculative():
+    rows = [_row(0), _row(1)]
+    b = build_step_batch(rows, {0: [7, 8]}, {0: (torch.tensor([[7], [8]]), torch.tensor([[1.0], [1.0]]))})
+    s = b.select([1])
+    assert s.max_drafts == 0 and not s.speculative and s.drafts.shape == (1, 0) and s.draft_q is None
