@@ -105,6 +105,12 @@ class Program:
         return torch.from_numpy(words_np.view(np.int32)), torch.from_numpy(status_np), words_np.nbytes
 
     def _bucket(self, n: int) -> int:
+        """Attention span for ``n`` positions. Eager forwards need no shape buckets (no graphs): ``n``
+        rounded up to the paged cache's block size, so a short sequence gathers and attends over
+        ``ceil(n / block)`` blocks instead of a 128-position bucket."""
+        blk = getattr(getattr(self.model, "kv", None), "block_size", 0)
+        if blk:
+            return min(-(-n // blk) * blk, self.model.max_seq_len)
         from gpu_engine.model.llama import context_bucket
 
         return context_bucket(n, self.max_seq_len)
