@@ -240,7 +240,8 @@ class CudaProgram(GraphPhases, Program):
             t = next(x for x in self.prefill_len_buckets if x >= max(lens))
             rb = next(x for x in self.prefill_rows_buckets if x >= len(g))
             for i in g:  # the prompt and its padding up to the length bucket
-                self._kv_reserve(rows[i].lane, min(self.model_seq_len, t))
+                if self._kv_reserve is not None:
+                    self._kv_reserve(rows[i].lane, min(self.model_seq_len, t))
             h = hall[gi * rmax: gi * rmax + rb]
             h[:, :t] = 0
             for b, i in enumerate(g):
