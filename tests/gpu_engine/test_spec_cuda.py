@@ -214,6 +214,7 @@ def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
     cfg = ModelConfig(arch="llama", vocab_size=v, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,
                       num_kv_heads=2, head_dim=64, name="tiny")
     model = build_model(cfg, "cuda", torch.float32, 8, 128, weights="random", seed=3)
+    model.kv.reserve_all()  # the prompts are prefilled by driving forward directly
     prog = CudaProgram(model, v, torch.device("cuda"), None, use_graphs=True, graph_context="full")
     g = torch.Generator().manual_seed(0)
     rows = []
