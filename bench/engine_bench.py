@@ -105,7 +105,7 @@ def load_schemas(path: Path) -> list[str]:
 # ------------------------------------------------------------------ the stack
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
-                prefill_graphs: str = "on", loaded=None):
+                prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -124,7 +124,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     ring_info = dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots, num_lanes=geo.num_lanes,
                      num_positions=geo.num_positions, num_words=geo.num_words)
     sidecar = Sidecar(f"/tmp/ninfer-bench-{os.getpid()}.sock", vocab, ring_info,
-                      extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout)])
+                      extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout),
+                                  "--fill-chunk-rows", str(fill_chunk_rows)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
         from gpu_engine.executor.cuda_graph import CudaProgram
@@ -501,7 +502,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     engine, loaded, capture_s = build_stack(model, args.device, max_lanes, args.max_seq_len, args.cuda_graphs,
                                             args.graph_context, tokenizer_from=args.model,
                                             fill_threads=args.fill_threads, compile_timeout=args.compile_timeout,
-                                            prefill_graphs=args.prefill_graphs, loaded=loaded)
+                                            prefill_graphs=args.prefill_graphs, loaded=loaded,
+                                            fill_chunk_rows=args.fill_chunk_rows)
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
@@ -712,6 +714,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fill-threads", type=int, default=0,
                     help="sidecar mask-fill threads (0 = the sidecar's auto choice)")
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
+    ap.add_argument("--fill-chunk-rows", type=int, default=0,
+                    help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
     ap.add_argument("--graph-context", choices=["buckets", "full"], default="buckets")
     ap.add_argument("--prefill-graphs", default="on",
@@ -740,7 +744,7 @@ def main(argv=None) -> int:
         max_tokens=args.max_tokens, temperature=TEMPERATURE, steps=args.steps, warm_steps=args.warm_steps,
         repeats=args.repeats, batches=args.batches, prompt=PROMPT, gbnf=GBNF, regex=REGEX,
         num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
-        fill_threads=args.fill_threads or _auto_fill_threads(),
+        fill_threads=args.fill_threads or _auto_fill_threads(), fill_chunk_rows=args.fill_chunk_rows,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "

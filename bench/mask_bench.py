@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(censored at the deadline in the cold-compile percentiles) and are not used further")
     ap.add_argument("--xgr-reference-limit", type=int, default=60,
                     help="schemas for the plain xgrammar compile_json_schema reference (no deadline there)")
-    ap.add_argument("--fill-chunk-rows", type=int, default=16,
+    ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="sidecar: rows per fill chunk overlapped with the next commits (0 = off)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--no-xgr-reference", action="store_true", help="skip plain xgrammar compile_json_schema")

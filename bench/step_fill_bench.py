@@ -65,8 +65,12 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, nargs="+", default=[0, 16])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="sys.setswitchinterval for this process (0 = Python's default 5 ms)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.switch_interval > 0:
+        sys.setswitchinterval(args.switch_interval)
     from gpu_engine.model.vocab import load_vocabulary_from_gguf
     from ninfer.constraint.v1 import constraint_pb2 as pb
 
@@ -123,6 +127,7 @@ def main(argv=None) -> int:
             pending[i] = [int(rng.choice(non_eos))]
             length[i] += 1
     res = run_header("cpu", rows=args.rows, steps=args.steps, warmup=args.warmup, requests=n[0],
+                     switch_interval_s=sys.getswitchinterval(),
                      ring_mismatches=mismatches, results={})
     base = statistics.median(times[0])
     print(f"Step handling, {args.rows} rows, {args.steps} steps (load avg at start {res['loadavg_at_start']}):")

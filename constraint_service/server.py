@@ -57,14 +57,17 @@ class SidecarOptions:
         fill_chunk_rows: a Step with more rows to fill than this fills them in chunks of this many
             rows on a background fill thread, as soon as a chunk's commits are done, while the Step
             thread commits the next chunk (the fill releases the GIL: xgrammar's batch fill runs in
-            C++ without it); 0 = commit every row first, then fill all rows in the Step thread.
+            C++ without it); 0 (default) = commit every row first, then fill all rows in the Step
+            thread. Off by default: on this 2-CPU host (load ~50) it made the Step 8x slower at p50
+            (64 rows, bench/step_fill_bench.py: 2.5 -> 20 ms): the worker needs the GIL to pick up a
+            chunk while the Step thread runs Python commits (GIL switch interval 5 ms).
     """
 
     cache_bytes: int = 256 << 20
     max_cold_compiles: int = 2
     compile_timeout_s: float = 10.0
     fill_threads: int = 0
-    fill_chunk_rows: int = 16
+    fill_chunk_rows: int = 0
 
 
 def _auto_fill_threads() -> int:
