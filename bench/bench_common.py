@@ -97,10 +97,12 @@ def spread(values: Iterable[Optional[float]]) -> dict:
     return dict(median=statistics.median(xs), min=min(xs), max=max(xs), n=len(xs), values=xs)
 
 
-def fmt_spread(s: dict, fmt: str = "{:.0f}") -> str:
-    """``median [min-max]`` (or ``-`` when empty)."""
+def fmt_spread(s: dict, fmt: str = "") -> str:
+    """``median [min-max]`` (or ``-`` when empty); default format: integer from 100 up, else 3 digits."""
     if not s or s.get("median") is None:
         return "-"
+    if not fmt:
+        fmt = "{:.0f}" if abs(s["median"]) >= 100 else "{:.3g}"
     if s["n"] == 1:
         return fmt.format(s["median"])
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}-{fmt.format(s['max'])}]"

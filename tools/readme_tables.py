@@ -26,12 +26,13 @@ def _num(x, fmt="{:,.0f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
-def _spread(row: dict, key: str, fmt="{:,.0f}") -> str:
-    """``median`` plus `` (min–max)`` when repeats differ."""
+def _spread(row: dict, key: str, fmt="") -> str:
+    """``median`` plus `` (min–max)`` when repeats differ (default format: integer from 100 up, else 3 digits)."""
     sp = row.get(f"{key}_spread") or {}
     med = row.get(key)
     if med is None:
         return "–"
+    fmt = fmt or ("{:,.0f}" if abs(med) >= 100 else "{:.3g}")
     if sp.get("n", 1) > 1 and sp.get("min") is not None and sp["min"] != sp["max"]:
         return f"{fmt.format(med)} ({fmt.format(sp['min'])}–{fmt.format(sp['max'])})"
     return fmt.format(med)
