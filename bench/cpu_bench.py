@@ -12,7 +12,7 @@ Closed loop (issue 12): each of B client lanes sends its next request as soon as
 ends; ``--requests-per-lane`` measured requests per lane (default 9 x 48 tokens >= 400 decode steps)
 after one warm-up request per lane; ``--repeats`` (default 3) repeats with every kind interleaved in
 each; medians and [min-max] spreads. Side by side in the same run: ``transformers`` ``generate`` on the
-same weights (float32, static cache), unless ``--no-baseline``.
+same weights (float32, default cache), unless ``--no-baseline``.
 
 Usage: ``python bench/cpu_bench.py [--batches 1 8] [--max-tokens 48] [--repeats 3] [--quick] [--out FILE.json]``
 """
@@ -123,8 +123,8 @@ def _closed_loop(c, constraint, b: int, per_worker: int, max_tokens: int, seed0:
 
 class HFBaseline:
     """``transformers`` ``generate`` on the same weights (SmolLM2 GGUF dequantised to float32, like the
-    engine), same chat-rendered prompt, same sampling (temperature 0.8), static KV cache; B identical
-    prompts per batch; tokens counted up to each row's EOS."""
+    engine), same chat-rendered prompt, same sampling (temperature 0.8), its default (dynamic) KV cache
+    as a user's plain ``generate`` call; B identical prompts per batch; tokens counted up to each row's EOS."""
 
     def __init__(self, model_name: str) -> None:
         import torch
@@ -157,7 +157,7 @@ class HFBaseline:
         torch = self.torch
         ids = torch.tensor([self.prompt] * b)
         kw = dict(max_new_tokens=max_tokens, do_sample=True, temperature=0.8, top_k=0, top_p=1.0,
-                  pad_token_id=next(iter(self.eos)), cache_implementation="static")
+                  pad_token_id=next(iter(self.eos)))
         with torch.inference_mode():
             self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
             toks = 0
@@ -237,7 +237,7 @@ def main() -> int:
                       note="engine: through the public gRPC API and the real sidecar, closed loop (each of B "
                       "client lanes sends its next request when the previous one ends; first request per lane "
                       "is warm-up); tokens/s = completion tokens / wall seconds; transformers: generate() of B "
-                      "rows x requests_per_lane rounds, same weights/prompt/sampling, static cache; medians "
+                      "rows x requests_per_lane rounds, same weights/prompt/sampling, default cache; medians "
                       "over repeats, kinds interleaved within each repeat")
     out.write_text(json.dumps({"meta": meta, **res}, indent=1))
     print(f"\n{'batch':>5} {'kind':14s} {'tok/s median [min-max]':>24} {'vs unc.':>7} {'vs HF':>6} "

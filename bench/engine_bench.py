@@ -403,9 +403,10 @@ def micro(prog, batches: list[int]) -> list[dict]:
 
 # ------------------------------------------------------------------ baseline
 def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: int, loaded,
-                repeats: int = 3) -> list[dict]:
+                repeats: int = 3, compile_forward: bool = False) -> list[dict]:
     """transformers generate (+ xgrammar HF logits processor) on the same weights, static KV cache
-    (``cache_implementation="static"``), one warm-up then ``repeats`` timed runs per (batch, variant):
+    (``cache_implementation="static"``; transformers' automatic torch.compile of static-cache generation
+    is off unless ``compile_forward``), one warm-up then ``repeats`` timed runs per (batch, variant):
     tokens_per_s is their median, ``tokens_per_s_spread`` the spread."""
     import torch
     import transformers
@@ -441,7 +442,8 @@ def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: i
         for variant in ("none", "json_schema"):
             def gen():
                 kw = dict(max_new_tokens=max_tokens, do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0,
-                          pad_token_id=next(iter(eos)), cache_implementation="static")
+                          pad_token_id=next(iter(eos)), cache_implementation="static",
+                          disable_compile=not compile_forward)
                 if variant == "json_schema":
                     kw["logits_processor"] = [LogitsProcessor([compiled[i % len(compiled)] for i in range(b)])]
                 else:
@@ -554,7 +556,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
         if args.baseline and not random_weights:
             try:
                 res["baseline"] = hf_baseline(model, schemas, [b for b in args.batches if b <= 64],
-                                              args.max_tokens, loaded, args.baseline_repeats)
+                                              args.max_tokens, loaded, args.baseline_repeats,
+                                              compile_forward=args.baseline_compile)
             except Exception as e:  # noqa: BLE001 - keep the engine figures
                 import traceback
 
@@ -723,6 +726,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schemas", default=str(ROOT / "bench" / "schemas_sample.json"))
     ap.add_argument("--baseline", action="store_true", help="also run transformers + xgrammar (CUDA)")
     ap.add_argument("--baseline-repeats", type=int, default=3)
+    ap.add_argument("--baseline-compile", action="store_true",
+                    help="let transformers torch.compile its static-cache forward (compiles per batch size)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (CPU-sized): B 1 2, 12 steps after 2 warm-up, 2 repeats, 3 JSB schemas, 8 tokens")
     ap.add_argument("--out", default=None,
