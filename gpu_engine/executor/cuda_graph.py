@@ -1,6 +1,7 @@
 """CudaProgram: decode through CUDA graphs, masks straight from the pinned ring, one read-back per step.
 
-Phases and capture: :mod:`gpu_engine.executor.graph_capture`; buckets:
+Phases and capture: :mod:`gpu_engine.executor.graph_capture`; bucketed prefill:
+:mod:`gpu_engine.executor.graph_prefill`; buckets:
 :mod:`gpu_engine.executor.graph_buckets`.
 
 Per step the host does: one H2D copy of the packed per-row inputs (pinned),
@@ -37,18 +38,18 @@ import numpy as np
 import torch
 
 from ninfer_common.errors import RowError
-from gpu_engine.cuda.transfer import to_device_async
 from gpu_engine.executor.eager import Program, _row_error, _slot_of
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
     _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
     batch_buckets, context_buckets, prefill_graph_buckets)
 from gpu_engine.executor.graph_capture import GraphPhases
+from gpu_engine.executor.graph_prefill import GraphPrefill
 from gpu_engine.core.batch import StepBatch
 from gpu_engine.core.request import Request
 
 log = logging.getLogger("ninfer.cuda_program")
 
-class CudaProgram(GraphPhases, Program):
+class CudaProgram(GraphPrefill, GraphPhases, Program):
     """Program with static device buffers, CUDA-graph decode and a registered mask ring.
 
     Args:
@@ -208,58 +209,6 @@ class CudaProgram(GraphPhases, Program):
         h[_FIN_POS, b:bb] = 0
         h[_FIN_ENABLED, b:bb] = 0
         return bb
-
-    def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
-        """Prefill ``rows``; returns ``[n, V]`` float32 last-prompt-position logits.
-
-        Prompts of at most the largest prefill length bucket go through the static prefill
-        phase (a CUDA graph per ``(rows, padded length)`` bucket; eager with the same buffers
-        off CUDA): sorted by length, in groups of at most the largest rows bucket, each group
-        right-padded to its length bucket; a group smaller than its rows bucket is padded with
-        copies of its first row (same lane, ids and positions: identical KV writes). Longer
-        prompts take :meth:`Program._prefill_rows` (eager, chunked). Sets ``r.num_cached``.
-        """
-        if not self.prefill_rows_buckets:
-            return super()._prefill_rows(rows)
-        tmax, rmax = self.prefill_len_buckets[-1], self.prefill_rows_buckets[-1]
-        fit = [i for i, r in enumerate(rows) if 0 < len(r.prompt_ids) <= tmax]
-        if len(fit) > rmax:  # several groups: similar lengths together
-            fit.sort(key=lambda i: len(rows[i].prompt_ids))
-        rest = [i for i, r in enumerate(rows) if not 0 < len(r.prompt_ids) <= tmax]
-        n = len(rows)
-        groups = [fit[k: k + rmax] for k in range(0, len(fit), rmax)]
-        out = None
-        if rest or len(groups) != 1 or fit != list(range(n)):
-            out = torch.empty(n, self.vocab_size, dtype=torch.float32, device=self.device)
-        if rest:
-            out[to_device_async(torch.tensor(rest), self.device)] = super()._prefill_rows([rows[i] for i in rest])
-        hall = self._pf_host.numpy()
-        W = self._pf_T
-        for gi, g in enumerate(groups):
-            lens = [len(rows[i].prompt_ids) for i in g]
-            t = next(x for x in self.prefill_len_buckets if x >= max(lens))
-            rb = next(x for x in self.prefill_rows_buckets if x >= len(g))
-            for i in g:  # the prompt and its padding up to the length bucket
-                if self._kv_reserve is not None:
-                    self._kv_reserve(rows[i].lane, min(self.model_seq_len, t))
-            h = hall[gi * rmax: gi * rmax + rb]
-            h[:, :t] = 0
-            for b, i in enumerate(g):
-                h[b, :lens[b]] = rows[i].prompt_ids
-                h[b, W] = rows[i].lane
-                h[b, W + 1] = lens[b] - 1
-            h[len(g):rb] = h[0]
-            self._pf_in[:rb].copy_(self._pf_host[gi * rmax: gi * rmax + rb], non_blocking=self.is_cuda)
-            self._run(self._pf_graphs, (rb, t), lambda rb=rb, t=t: self._prefill_phase(rb, t))
-            if out is None:
-                out = self._pf_out[:n]  # one group holding every row, in order (valid until the next prefill)
-            elif len(g) == 1:
-                out[g[0]].copy_(self._pf_out[0])
-            else:
-                out[to_device_async(torch.tensor(g), self.device)] = self._pf_out[:len(g)]
-        for r in rows:
-            r.num_cached = len(r.prompt_ids)
-        return out
 
     @staticmethod
     def _needs_eager(batch: StepBatch) -> bool:

@@ -104,7 +104,6 @@ def verify_rows(
     """
     if batch.deferred:
         raise ValueError("verify_rows needs host drafts: call StepBatch.with_drafts first")
-    dev = logits.device
     rows = batch.rows
     b = len(rows)
     nd = batch.num_drafts.tolist()
@@ -115,44 +114,14 @@ def verify_rows(
     n_acc = [0] * b
     en_host = None
     if words is not None:
-        p = words.shape[1]
-        en_host = torch.ones(b, dtype=torch.bool) if enabled is None else enabled.to("cpu", torch.bool)
-        if status is None:  # no per-position statuses: every enabled position holds a mask
-            status = torch.full((b, p), STATUS_READY, dtype=torch.uint8)
-        status = status.to("cpu")
+        en_host, status = _host_statuses(words, status, enabled, b)
 
-    # ---- rows without drafts: ordinary masked sampling at position 0 ---------
-    pending = []  # (idx list, tensors to read back)
+    pending = []  # (kind, idx list, tensors to read back)
     if plain_idx:
-        sel = torch.tensor(plain_idx, dtype=torch.int64)
-        sel_d = sel.to(dev)
-        w0 = en0 = None
-        if words is not None:
-            w0 = words.index_select(0, sel)[:, 0].to(dev, non_blocking=True)
-            en0 = en_host.index_select(0, sel).to(dev, non_blocking=True)
-        positions = torch.tensor([len(rows[i].output_ids) for i in plain_idx], dtype=torch.int64, device=dev)
-        tok, err = sample(logits.index_select(0, sel_d)[:, 0], select_rows(st, sel_d), w0, en0, positions)
-        pending.append(("plain", plain_idx, tok, err, None))
-
-    # ---- rows with drafts: verify ----------------------------------------------
+        pending.append(_sample_plain(batch, plain_idx, logits, words, en_host, st))
     if spec_idx:
-        k = max(nd[i] for i in spec_idx)
-        sel = torch.tensor(spec_idx, dtype=torch.int64)
-        sel_d = sel.to(dev)
-        draft_ids = batch.drafts.index_select(0, sel)[:, :k].to(torch.int64).clamp_min(0)  # [n, K], pad -> 0
-        num_drafts = batch.num_drafts.index_select(0, sel)
-        q = None
-        if batch.draft_q is not None:
-            sq = sel.to(batch.draft_q[0].device)
-            q = tuple(t.index_select(0, sq)[:, :k].to(dev) for t in batch.draft_q)
-        w = stat = None
-        if words is not None:
-            w, stat = _lookahead_masks(words, status, en_host, sel, num_drafts, k, dev)
-        eos = torch.tensor(tuple(getattr(program, "eos_ids", ())), dtype=torch.int64, device=dev)
-        positions = torch.tensor([len(rows[i].output_ids) for i in spec_idx], dtype=torch.int64, device=dev)
-        res = verify(logits.index_select(0, sel_d)[:, : k + 1], draft_ids.to(dev), select_rows(st, sel_d), w, stat,
-                     q, num_drafts.to(dev), eos, positions)
-        pending.append(("spec", spec_idx, res.tokens, res.err, (res.num_tokens, res.num_accepted_drafts)))
+        pending.append(_verify_spec(program, batch, spec_idx, max(nd[i] for i in spec_idx), logits, words, status,
+                                    en_host, st))
 
     _read_back(pending, codes, toks_out, n_acc)  # one read-back
 
@@ -162,6 +131,59 @@ def verify_rows(
             r.num_cached += 1 + n_acc[i]
         out.append(([], verify_error(codes[i])) if codes[i] else (toks_out[i], None))
     return out
+
+
+def _host_statuses(words: torch.Tensor, status: torch.Tensor | None, enabled: torch.Tensor | None,
+                   b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host ``(enabled [B] bool, status [B, P] uint8)``: ``enabled`` None = all rows, ``status`` None =
+    every position READY (``P = words.shape[1]``)."""
+    p = words.shape[1]
+    en_host = torch.ones(b, dtype=torch.bool) if enabled is None else enabled.to("cpu", torch.bool)
+    if status is None:  # no per-position statuses: every enabled position holds a mask
+        status = torch.full((b, p), STATUS_READY, dtype=torch.uint8)
+    return en_host, status.to("cpu")
+
+
+def _sample_plain(batch: StepBatch, plain_idx: list[int], logits: torch.Tensor, words: torch.Tensor | None,
+                  en_host: torch.Tensor | None, st: SamplingTensors) -> tuple:
+    """Rows without drafts: ordinary masked sampling at position 0 (``Purpose.SAMPLE``); returns the
+    ``("plain", idx, tokens [n], err [n], None)`` read-back entry."""
+    dev = logits.device
+    rows = batch.rows
+    sel = torch.tensor(plain_idx, dtype=torch.int64)
+    sel_d = sel.to(dev)
+    w0 = en0 = None
+    if words is not None:
+        w0 = words.index_select(0, sel)[:, 0].to(dev, non_blocking=True)
+        en0 = en_host.index_select(0, sel).to(dev, non_blocking=True)
+    positions = torch.tensor([len(rows[i].output_ids) for i in plain_idx], dtype=torch.int64, device=dev)
+    tok, err = sample(logits.index_select(0, sel_d)[:, 0], select_rows(st, sel_d), w0, en0, positions)
+    return ("plain", plain_idx, tok, err, None)
+
+
+def _verify_spec(program, batch: StepBatch, spec_idx: list[int], k: int, logits: torch.Tensor,
+                 words: torch.Tensor | None, status: torch.Tensor | None, en_host: torch.Tensor | None,
+                 st: SamplingTensors) -> tuple:
+    """Rows with drafts (``k`` = their most drafts): :func:`verify` on their first ``k + 1`` columns;
+    returns the ``("spec", idx, tokens [n, k+1], err [n], (num_tokens, num_accepted))`` read-back entry."""
+    dev = logits.device
+    rows = batch.rows
+    sel = torch.tensor(spec_idx, dtype=torch.int64)
+    sel_d = sel.to(dev)
+    draft_ids = batch.drafts.index_select(0, sel)[:, :k].to(torch.int64).clamp_min(0)  # [n, K], pad -> 0
+    num_drafts = batch.num_drafts.index_select(0, sel)
+    q = None
+    if batch.draft_q is not None:
+        sq = sel.to(batch.draft_q[0].device)
+        q = tuple(t.index_select(0, sq)[:, :k].to(dev) for t in batch.draft_q)
+    w = stat = None
+    if words is not None:
+        w, stat = _lookahead_masks(words, status, en_host, sel, num_drafts, k, dev)
+    eos = torch.tensor(tuple(getattr(program, "eos_ids", ())), dtype=torch.int64, device=dev)
+    positions = torch.tensor([len(rows[i].output_ids) for i in spec_idx], dtype=torch.int64, device=dev)
+    res = verify(logits.index_select(0, sel_d)[:, : k + 1], draft_ids.to(dev), select_rows(st, sel_d), w, stat,
+                 q, num_drafts.to(dev), eos, positions)
+    return ("spec", spec_idx, res.tokens, res.err, (res.num_tokens, res.num_accepted_drafts))
 
 
 def _lookahead_masks(words: torch.Tensor, status: torch.Tensor, en_host: torch.Tensor, sel: torch.Tensor,
