@@ -8,15 +8,19 @@ inter-token latency (client-side, from stream arrival times). A warm-up round
 per kind is excluded (it also fills the compile cache, so constrained rows are
 measured with cached grammars, as a steady-state service sees them).
 
-Usage: ``python bench/cpu_bench.py [--batches 1 8] [--max-tokens 48] [--repeats 2] [--out bench/results/cpu_bench.json]``
+Closed loop (issue 12): each of B client lanes sends its next request as soon as the previous one
+ends; ``--requests-per-lane`` measured requests per lane (default 9 x 48 tokens >= 400 decode steps)
+after one warm-up request per lane; ``--repeats`` (default 3) repeats with every kind interleaved in
+each; medians and [min-max] spreads. Side by side in the same run: ``transformers`` ``generate`` on the
+same weights (float32, default cache), unless ``--no-baseline``.
+
+Usage: ``python bench/cpu_bench.py [--batches 1 8] [--max-tokens 48] [--repeats 3] [--quick] [--out FILE.json]``
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -28,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_common import fmt_spread, results_path, run_header, spread  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "title": {"type": "string"}, "summary": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
@@ -83,76 +90,195 @@ def _one(client, constraint, max_tokens: int, seed: int) -> dict:
             "itl_s": itl, "finish": res.finish_reason}
 
 
+def _closed_loop(c, constraint, b: int, per_worker: int, max_tokens: int, seed0: int) -> dict:
+    """``b`` client threads, each sending ``per_worker + 1`` requests back to back (a finished request is
+    replaced at once: closed loop, concurrency ``b``); each thread's first request is warm-up. tokens/s =
+    completion tokens of the measured requests / wall time from the first measured request's start to the
+    last one's end."""
+    lock = threading.Lock()
+    outs, starts, ends = [], [], []
+
+    def worker(i: int) -> None:
+        _one(c, constraint, max_tokens, seed0 + 1000 * i)  # warm-up request of this lane
+        t = time.perf_counter()
+        with lock:
+            starts.append(t)
+        for j in range(per_worker):
+            o = _one(c, constraint, max_tokens, seed0 + 1000 * i + j + 1)
+            with lock:
+                outs.append(o)
+        with lock:
+            ends.append(time.perf_counter())
+
+    with ThreadPoolExecutor(b) as ex:
+        list(ex.map(worker, range(b)))
+    wall = max(ends) - min(starts)
+    toks = sum(o["tokens"] for o in outs)
+    itl = [x for o in outs for x in o["itl_s"]]
+    return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "requests": len(outs),
+            "ttft_p50_ms": 1e3 * statistics.median(o["ttft_s"] for o in outs),
+            "itl_p50_ms": 1e3 * statistics.median(itl) if itl else float("nan"),
+            "itl_p99_ms": 1e3 * sorted(itl)[int(0.99 * (len(itl) - 1))] if itl else float("nan")}
+
+
+class HFBaseline:
+    """``transformers`` ``generate`` on the same weights (SmolLM2 GGUF dequantised to float32, like the
+    engine), same chat-rendered prompt, same sampling (temperature 0.8), its default (dynamic) KV cache
+    as a user's plain ``generate`` call; B identical prompts per batch; tokens counted up to each row's EOS."""
+
+    def __init__(self, model_name: str) -> None:
+        import torch
+        import transformers
+
+        from gpu_engine.hub.fetch import ensure_model
+        from gpu_engine.model.gguf_loader import load_gguf_weights
+        from gpu_engine.model.loader import load_tokenizer
+
+        path = ensure_model(model_name)
+        cfg, weights = load_gguf_weights(path)
+        tok, chat = load_tokenizer(model_name)
+        hf_cfg = transformers.LlamaConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
+            rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
+            max_position_embeddings=cfg.max_position, eos_token_id=list(tok.vocab.eos_ids))
+        model = transformers.LlamaForCausalLM(hf_cfg)
+        if cfg.tie_word_embeddings:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        model.load_state_dict(weights, strict=False)
+        self.model = model.to(torch.float32).eval()
+        self.prompt = tok.encode(chat.render([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
+        self.eos = set(tok.vocab.eos_ids)
+        self.torch = torch
+
+    def run(self, b: int, rounds: int, max_tokens: int, seed: int) -> dict:
+        """``rounds`` timed ``generate`` calls of ``b`` rows after one warm-up call."""
+        torch = self.torch
+        ids = torch.tensor([self.prompt] * b)
+        kw = dict(max_new_tokens=max_tokens, do_sample=True, temperature=0.8, top_k=0, top_p=1.0,
+                  pad_token_id=next(iter(self.eos)))
+        with torch.inference_mode():
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            toks = 0
+            t0 = time.perf_counter()
+            for r in range(rounds):
+                torch.manual_seed(seed + r)
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+                for row in out[:, len(self.prompt):].tolist():
+                    toks += next((j + 1 for j, x in enumerate(row) if x in self.eos), len(row))
+            wall = time.perf_counter() - t0
+        return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "requests": rounds * b}
+
+
 def run(args: argparse.Namespace) -> dict:
     from clients.client import NInferClient
 
     port = _free_port()
     proc = _start(port, max(args.batches))
     rows = []
+    hf = HFBaseline(args.model) if args.baseline else None
+    kinds = ["transformers"] * bool(hf) + list(KINDS)
     try:
         with NInferClient(f"127.0.0.1:{port}") as c:
             for kind, constraint in KINDS.items():  # warm-up: compile caches, allocator
                 _one(c, constraint, 8, 0)
-            for b in args.batches:
-                for kind, constraint in KINDS.items():
-                    for rep in range(args.repeats):
-                        with ThreadPoolExecutor(b) as ex:
-                            t0 = time.perf_counter()
-                            outs = list(ex.map(lambda i: _one(c, constraint, args.max_tokens, 1000 * rep + i),
-                                               range(b)))
-                            wall = time.perf_counter() - t0
-                        toks = sum(o["tokens"] for o in outs)
-                        itl = [x for o in outs for x in o["itl_s"]]
-                        rows.append({"batch": b, "kind": kind, "repeat": rep, "tokens": toks, "wall_s": wall,
-                                     "tokens_per_s": toks / wall,
-                                     "ttft_p50_ms": 1e3 * statistics.median(o["ttft_s"] for o in outs),
-                                     "itl_p50_ms": 1e3 * statistics.median(itl) if itl else float("nan"),
-                                     "itl_p99_ms": 1e3 * sorted(itl)[int(0.99 * (len(itl) - 1))] if itl else float("nan")})
-                        print(f"batch {b:2d} {kind:14s} rep {rep}: {toks} tokens in {wall:.2f} s "
-                              f"= {toks / wall:.1f} tok/s", flush=True)
+            for rep in range(args.repeats):
+                for b in args.batches:
+                    for kind in kinds:  # side by side: every kind once per repeat, interleaved
+                        if kind == "transformers":
+                            out = hf.run(b, args.requests_per_lane, args.max_tokens, 7000 + rep)
+                        else:
+                            out = _closed_loop(c, KINDS[kind], b, args.requests_per_lane, args.max_tokens,
+                                               100000 * rep)
+                        rows.append({"batch": b, "kind": kind, "repeat": rep, **out})
+                        print(f"batch {b:2d} {kind:14s} rep {rep}: {out['tokens']} tokens in {out['wall_s']:.2f} s "
+                              f"= {out['tokens_per_s']:.1f} tok/s", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)
     summary = []
     for b in args.batches:
         base = statistics.median(r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "unconstrained")
-        for kind in KINDS:
+        hf_tps = [r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "transformers"]
+        for kind in kinds:
             sel = [r for r in rows if r["batch"] == b and r["kind"] == kind]
-            tps = statistics.median(r["tokens_per_s"] for r in sel)
-            summary.append({"batch": b, "kind": kind, "tokens_per_s": tps, "ratio_vs_unconstrained": tps / base,
-                            "ttft_p50_ms": statistics.median(r["ttft_p50_ms"] for r in sel),
-                            "itl_p50_ms": statistics.median(r["itl_p50_ms"] for r in sel),
-                            "itl_p99_ms": statistics.median(r["itl_p99_ms"] for r in sel)})
+            sp = spread(r["tokens_per_s"] for r in sel)
+            row = {"batch": b, "kind": kind, "tokens_per_s": sp["median"], "tokens_per_s_spread": sp,
+                   "ratio_vs_unconstrained": sp["median"] / base,
+                   "ratio_vs_transformers": sp["median"] / statistics.median(hf_tps) if hf_tps else None}
+            for key in ("ttft_p50_ms", "itl_p50_ms", "itl_p99_ms"):
+                vals = [r[key] for r in sel if key in r]
+                row[key] = statistics.median(vals) if vals else float("nan")
+            summary.append(row)
     return {"rows": rows, "summary": summary}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="SmolLM2-135M-Instruct")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu_bench.json")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests-per-lane", type=int, default=9,
+                    help="measured requests per concurrent lane (9 x 48 tokens = 432 decode steps per lane)")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false",
+                    help="skip transformers generate (run side by side by default)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: B 1 2, 16 tokens, 2 requests per lane, 2 repeats")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results JSON (default bench/results/cpu_bench_<date>_cpu.json)")
     args = ap.parse_args()
+    if args.quick:
+        args.batches, args.max_tokens, args.requests_per_lane, args.repeats = [1, 2], 16, 2, 2
     res = run(args)
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True).stdout.strip()
-    except OSError:
-        rev = "unknown"
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": f"CPU: {cpu}, "
-            f"{os.cpu_count()} cores", "command": " ".join([Path(sys.executable).name] + sys.argv), "revision": rev,
-            "model": "SmolLM2-135M-Instruct Q4_1 (dequantised to float32)", "max_tokens": args.max_tokens,
-            "note": "through the public gRPC API and the real sidecar; tokens/s = completion tokens / wall seconds"}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, **res}, indent=1))
-    print(f"\n{'batch':>5} {'kind':14s} {'tok/s':>8} {'ratio':>6} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'ITL p99 ms':>11}")
+    out = results_path("cpu_bench", "cpu", str(args.out) if args.out else None)
+    meta = run_header("cpu", model=f"{args.model} (GGUF dequantised to float32)", max_tokens=args.max_tokens,
+                      requests_per_lane=args.requests_per_lane, repeats=args.repeats,
+                      note="engine: through the public gRPC API and the real sidecar, closed loop (each of B "
+                      "client lanes sends its next request when the previous one ends; first request per lane "
+                      "is warm-up); tokens/s = completion tokens / wall seconds; transformers: generate() of B "
+                      "rows x requests_per_lane rounds, same weights/prompt/sampling, default cache; medians "
+                      "over repeats, kinds interleaved within each repeat")
+    out.write_text(json.dumps({"meta": meta, **res}, indent=1))
+    print(f"\n{'batch':>5} {'kind':14s} {'tok/s median [min-max]':>24} {'vs unc.':>7} {'vs HF':>6} "
+          f"{'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'ITL p99 ms':>11}")
     for s in res["summary"]:
-        print(f"{s['batch']:5d} {s['kind']:14s} {s['tokens_per_s']:8.1f} {s['ratio_vs_unconstrained']:6.2f} "
-              f"{s['ttft_p50_ms']:12.1f} {s['itl_p50_ms']:11.1f} {s['itl_p99_ms']:11.1f}")
-    print(f"\nwrote {args.out}")
+        vs_hf = f"{s['ratio_vs_transformers']:6.2f}" if s["ratio_vs_transformers"] is not None else "     -"
+        print(f"{s['batch']:5d} {s['kind']:14s} {fmt_spread(s['tokens_per_s_spread'], '{:.1f}'):>24} "
+              f"{s['ratio_vs_unconstrained']:7.2f} {vs_hf} {s['ttft_p50_ms']:12.1f} {s['itl_p50_ms']:11.1f} "
+              f"{s['itl_p99_ms']:11.1f}")
+    print(f"\nwrote {out}")
+    try:
+        print(f"wrote {plot(res, meta, out.with_suffix('.png'))}")
+    except ImportError:
+        print("matplotlib missing: no plot")
     return 0
+
+
+def plot(res: dict, meta: dict, path: Path) -> Path:
+    """Grouped bars: tokens/s per kind and batch (median, error bars = min-max over repeats)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(s["kind"] for s in res["summary"]))
+    batches = sorted({s["batch"] for s in res["summary"]})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    w = 0.8 / len(kinds)
+    for k, kind in enumerate(kinds):
+        sel = [next(s for s in res["summary"] if s["batch"] == b and s["kind"] == kind) for b in batches]
+        med = [s["tokens_per_s"] for s in sel]
+        err = [[m - s["tokens_per_s_spread"]["min"] for m, s in zip(med, sel)],
+               [s["tokens_per_s_spread"]["max"] - m for m, s in zip(med, sel)]]
+        ax.bar([i + k * w for i in range(len(batches))], med, w, yerr=err, capsize=3, label=kind)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(batches))], [f"B={b}" for b in batches])
+    ax.set(ylabel="output tokens/s", title=f"CPU through the public API ({meta['revision'][:10]}, {meta['date']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

@@ -1,9 +1,23 @@
 """Engine benchmark (issue 5): constrained vs unconstrained decoding, and transformers + xgrammar.
 
 usage:
-  python bench/engine_bench.py --device cuda --model PATH.gguf [--preset llama-1b-random]
-         [--batches 1 8 32 64 128] [--max-tokens 64] [--steps 48] [--baseline] [--out FILE.json]
+  python bench/engine_bench.py --device cuda --model PATH.gguf [--preset llama-8b-random qwen3-8b-random]
+         [--no-real] [--batches 1 8 32 64 128] [--max-tokens 64] [--steps 400] [--repeats 3] [--jsb 64]
+         [--baseline] [--out FILE.json]
+  python bench/engine_bench.py --quick                   # CPU smoke run of every code path
   python bench/engine_bench.py --plot FILE.json          # plots + table from saved results (no device)
+
+Honest-benchmark rules (issue 12): every (model, B, variant) is a closed loop at constant concurrency
+(finished rows replaced at once, every variant) measured over ``--steps`` (default 400) steps after
+``--warm-steps``, repeated ``--repeats`` (default 3) times: tables show medians with [min-max]. Variants
+include ``json_schema_jsb``: ``--jsb`` (default 64) JSONSchemaBench MaskBench-dev schemas sampled
+round-robin across subsets (bench_common.jsb_sample; only schemas our converter accepts; the ids taken,
+the ids skipped and why, and any the sidecar refused are in the JSON). Headline overlap metric: **GPU idle
+per decode step** (EngineStats.per_step_gpu_idle_ms: CUDA = step wall time - Forward - Finish CUDA-event
+time; CPU = time blocked on the sidecar). ``hbm_bound_fraction`` = ((weight bytes + live KV bytes) /
+4.8 TB/s) / median decode step. Random-weight shapes (``--preset``) are labelled "random weights" in
+every line. Results: ``bench/results/engine_bench_<date>_<device>.json`` (+ one PNG per model) with
+date, device, command and git revision (``$NINFER_GIT_REV`` where the tree has no git).
 
 What it runs, in one process (no gRPC front end: the Engine is driven in-process,
 with the real constraint sidecar subprocess and the shared-memory mask ring, as
@@ -41,19 +55,20 @@ the CPU the host-side wall time blocked in ``recv_step`` is reported instead.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import platform
 import queue
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_common import (fmt_spread, hbm_bound_ms, jsb_sample, kv_bytes_per_token,  # noqa: E402
+                          load_shape, results_path, run_header, spread, weight_bytes)
 
 PROMPT = "Describe a fictional person as a JSON object with a name, an age and an email address."
 GBNF = r'''root ::= "{" ws "\"items\":" ws "[" ws item (ws "," ws item)* ws "]" ws "}"
@@ -61,7 +76,7 @@ item ::= "\"" [a-zA-Z0-9 ]+ "\""
 ws ::= [ \n]?'''
 REGEX = r"[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\."
 TEMPERATURE = 0.8
-VARIANTS = ("none", "json_schema", "grammar", "regex")
+VARIANTS = ("none", "json_schema", "json_schema_jsb", "grammar", "regex")
 
 
 class TimedQueue(queue.Queue):
@@ -90,8 +105,9 @@ def load_schemas(path: Path) -> list[str]:
 # ------------------------------------------------------------------ the stack
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
-                prefill_graphs: str = "on"):
-    """Loaded model, ring, sidecar (started), program and engine (worker thread not started)."""
+                prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0):
+    """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
+    an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
 
     from gpu_engine.engine.loop import Engine, ring_geometry
@@ -99,15 +115,17 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     from gpu_engine.sidecar.client import Sidecar
     from shared_memory.ring import MaskRing
 
-    loaded = load_model(model, device=device, max_lanes=max_lanes, max_seq_len=max_seq_len,
-                        tokenizer_from=tokenizer_from)
+    if loaded is None:
+        loaded = load_model(model, device=device, max_lanes=max_lanes, max_seq_len=max_seq_len,
+                            tokenizer_from=tokenizer_from)
     vocab = loaded.vocab
     geo = ring_geometry(max_lanes, 0, vocab.vocab_size)
     ring = MaskRing.create(f"ninfer-bench-{os.getpid()}", geo)
     ring_info = dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots, num_lanes=geo.num_lanes,
                      num_positions=geo.num_positions, num_words=geo.num_words)
     sidecar = Sidecar(None, vocab, ring_info,
-                      extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout)])
+                      extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout),
+                                  "--fill-chunk-rows", str(fill_chunk_rows)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
         from gpu_engine.executor.cuda_graph import CudaProgram
@@ -151,8 +169,13 @@ def BenchEngine(*a, **kw):  # noqa: N802 - factory keeps torch imports lazy
 class Workload:
     """Makes requests of one variant (prompt, sampling, constraint) and prepares them in the sidecar."""
 
-    def __init__(self, engine, loaded, variant: str, schemas: list[str], max_tokens: int) -> None:
-        self.engine, self.variant, self.schemas, self.max_tokens = engine, variant, schemas, max_tokens
+    def __init__(self, engine, loaded, variant: str, schemas: list[str], max_tokens: int,
+                 jsb: list[str] | None = None, rejected: dict | None = None) -> None:
+        self.engine, self.variant, self.max_tokens = engine, variant, max_tokens
+        # json_schema: the cheap sample schemas; json_schema_jsb: the JSONSchemaBench sample (realistic);
+        # a schema the sidecar refuses (compile error/timeout) is dropped and listed in ``rejected``
+        self.schemas = jsb if variant == "json_schema_jsb" else schemas  # shared: refusals stick
+        self.rejected = rejected if rejected is not None else {}
         text = loaded.render_chat([{"role": "user", "content": PROMPT}])
         self.prompt_ids = loaded.tokenizer.encode(text)
         self.n = 0
@@ -162,7 +185,9 @@ class Workload:
 
         if self.variant == "none":
             return None
-        if self.variant == "json_schema":
+        if self.variant in ("json_schema", "json_schema_jsb"):
+            if not self.schemas:
+                raise RuntimeError(f"{self.variant}: the sidecar refused every schema: {self.rejected}")
             return ConstraintRef("json_schema", self.schemas[self.n % len(self.schemas)])
         if self.variant == "grammar":
             return ConstraintRef("grammar", GBNF)
@@ -179,7 +204,16 @@ class Workload:
         req = Request(rid, list(self.prompt_ids), max_tokens or self.max_tokens,
                       SamplingOptions(temperature=TEMPERATURE, seed=self.n), constraint=c, events=TimedQueue())
         if c is not None:
-            info = self.engine.sidecar.prepare(rid, c.kind, c.source, [], b"")
+            from ninfer_common.errors import RequestError
+
+            try:
+                info = self.engine.sidecar.prepare(rid, c.kind, c.source, [], b"")
+            except RequestError as e:
+                if c.kind != "json_schema" or c.source not in self.schemas:
+                    raise
+                self.rejected[c.source[:200]] = f"{e.kind}: {str(e)[:200]}"
+                self.schemas.remove(c.source)
+                return self.make(max_tokens)
             req.sidecar_generation = info.generation
             req.constraint_info = {"cache": info.cache, "prepare_seconds": info.prepare_seconds}
         return req, t0
@@ -195,8 +229,10 @@ def _request_latencies(req, t0):
     return ttft, [b - a for a, b in zip(token_times, token_times[1:])], fin
 
 
-def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int) -> dict:
-    """Constant-concurrency run; returns the measured window's figures."""
+def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int, hbm=None) -> dict:
+    """Constant-concurrency run (every finished row is replaced at once, every variant); returns the
+    measured window's figures. ``hbm``: ``(weight bytes, KV bytes per token)`` for the HBM-bound fraction
+    (decode step time vs (weights + live KV) / 4.8 TB/s)."""
     prog, st = engine.program, engine.stats
     live: dict[str, tuple] = {}
     done: list[tuple] = []
@@ -212,7 +248,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int)
         return n
 
     top_up()
-    step_times, decode_times, waits = [], [], []
+    step_times, decode_times = [], []
+    idle, idle_wall, live_kv = [], [], []  # per decode step (no prefill): GPU idle ms, its wall ms, KV tokens
     timings0 = len(getattr(prog, "step_timings", []))
     tok0 = h2d0 = 0
     t_start = None
@@ -222,7 +259,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int)
             timings0 = len(getattr(prog, "step_timings", []))
             w0 = len(st.per_step_wait_ms)
         admitted = len(live) > engine.num_active
-        cs0 = st.constrained_steps
+        kv_tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r, _ in live.values())
+        n_idle = len(st.per_step_gpu_idle_ms)
         t = time.perf_counter()
         engine.step()
         dt = time.perf_counter() - t
@@ -230,6 +268,10 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int)
             step_times.append(dt)
             if not admitted:
                 decode_times.append(dt)
+                live_kv.append(kv_tokens)
+                if len(st.per_step_gpu_idle_ms) > n_idle:
+                    idle.append(st.per_step_gpu_idle_ms[-1])
+                    idle_wall.append(st.per_step_wall_ms[-1])
         for rid, (r, t0) in list(live.items()):
             if r.finished:
                 del live[rid]
@@ -256,7 +298,16 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int)
                requests_finished=sum(1 for d in done), errors=errors[:5], num_errors=len(errors),
                mask_h2d_bytes_per_step=(st.mask_h2d_bytes - h2d0) / steps,
                host_sidecar_wait_ms_p50=(statistics.median(st.per_step_wait_ms[w0:])
-                                         if len(st.per_step_wait_ms) > w0 else None))
+                                         if len(st.per_step_wait_ms) > w0 else None),
+               # headline overlap metric (EngineStats.per_step_gpu_idle_ms over the decode steps)
+               gpu_idle_source=st.idle_source, gpu_idle_ms_p50=statistics.median(idle) if idle else None,
+               gpu_idle_ms_mean=statistics.fmean(idle) if idle else None,
+               gpu_idle_pct=(100 * sum(idle) / sum(idle_wall)) if idle else None,
+               live_kv_tokens_mean=statistics.fmean(live_kv) if live_kv else None,
+               )
+    if hbm is not None and decode_times and live_kv:
+        bound = hbm_bound_ms(hbm[0], statistics.fmean(live_kv), hbm[1])
+        out.update(hbm_bound_ms=bound, hbm_bound_fraction=bound / (1e3 * statistics.median(decode_times)))
     tim = getattr(prog, "step_timings", [])[timings0:]
     if tim:
         dec = [t for t in tim if t.prefill == 0]
@@ -351,8 +402,12 @@ def micro(prog, batches: list[int]) -> list[dict]:
 
 
 # ------------------------------------------------------------------ baseline
-def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: int, loaded) -> list[dict]:
-    """transformers generate (+ xgrammar HF logits processor) on the same weights."""
+def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: int, loaded,
+                repeats: int = 3, compile_forward: bool = False) -> list[dict]:
+    """transformers generate (+ xgrammar HF logits processor) on the same weights, static KV cache
+    (``cache_implementation="static"``; transformers' automatic torch.compile of static-cache generation
+    is off unless ``compile_forward``), one warm-up then ``repeats`` timed runs per (batch, variant):
+    tokens_per_s is their median, ``tokens_per_s_spread`` the spread."""
     import torch
     import transformers
     import xgrammar as xgr
@@ -387,67 +442,122 @@ def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: i
         for variant in ("none", "json_schema"):
             def gen():
                 kw = dict(max_new_tokens=max_tokens, do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0,
-                          pad_token_id=next(iter(eos)))
+                          pad_token_id=next(iter(eos)), cache_implementation="static",
+                          disable_compile=not compile_forward)
                 if variant == "json_schema":
                     kw["logits_processor"] = [LogitsProcessor([compiled[i % len(compiled)] for i in range(b)])]
                 else:
                     kw["min_new_tokens"] = max_tokens  # unconstrained rows ignore EOS, as in the engine run
                 return model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-            gen()  # warm-up (kernels, matchers)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            out = gen()
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t
-            new = out[:, len(prompt):].tolist()
-            ntok = sum(next((j + 1 for j, x in enumerate(row) if x in eos), len(row)) for row in new)
-            rows.append(dict(batch=b, variant=variant, tokens=ntok, wall_s=wall, tokens_per_s=ntok / wall))
-            print(f"  baseline B={b} {variant}: {ntok / wall:.0f} tok/s", flush=True)
+            gen()  # warm-up (kernels, matchers, static cache)
+            tps, walls, toks = [], [], []
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                out = gen()
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t
+                new = out[:, len(prompt):].tolist()
+                ntok = sum(next((j + 1 for j, x in enumerate(row) if x in eos), len(row)) for row in new)
+                tps.append(ntok / wall)
+                walls.append(wall)
+                toks.append(ntok)
+            sp = spread(tps)
+            rows.append(dict(batch=b, variant=variant, tokens=toks, wall_s=walls, tokens_per_s=sp["median"],
+                             tokens_per_s_spread=sp, cache="static"))
+            print(f"  baseline B={b} {variant}: {fmt_spread(sp)} tok/s (median [min-max] of {repeats})",
+                  flush=True)
     del model
     torch.cuda.empty_cache()
     return rows
 
 
 # ------------------------------------------------------------------ driver
-def run_model(label: str, model: str, args, schemas: list[str], random_weights: bool) -> dict:
+#: figures aggregated over repeats (median + spread) in each run row
+AGG_KEYS = ("tokens_per_s", "decode_tokens_per_s", "step_ms_p50", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50",
+            "gpu_idle_ms_p50", "gpu_idle_pct", "exposed_wait_ms_p50", "host_sidecar_wait_ms_p50",
+            "hbm_bound_fraction", "gpu_forward_ms_p50")
+
+
+def aggregate(reps: list[dict]) -> dict:
+    """One run row from ``reps`` (repeats of a closed loop): each AGG_KEYS figure is the median over the
+    repeats (key as before) with ``<key>_spread`` = {median, min, max, n, values}; other keys from repeat 0."""
+    row = dict(reps[0])
+    for k in AGG_KEYS:
+        sp = spread(r.get(k) for r in reps)
+        row[k] = sp["median"]
+        row[f"{k}_spread"] = sp
+    row["num_errors"] = sum(r["num_errors"] for r in reps)
+    row["repeats"] = len(reps)
+    return row
+
+
+def run_model(label: str, model: str, args, schemas: list[str], random_weights: bool,
+              jsb: list[str] | None = None) -> dict:
     import torch
 
     max_lanes = max(args.batches)
+    if random_weights:
+        loaded = load_shape(model, args.device, max_lanes, args.max_seq_len, args.model)
+    else:
+        loaded = None
     engine, loaded, capture_s = build_stack(model, args.device, max_lanes, args.max_seq_len, args.cuda_graphs,
                                             args.graph_context, tokenizer_from=args.model,
                                             fill_threads=args.fill_threads, compile_timeout=args.compile_timeout,
-                                            prefill_graphs=args.prefill_graphs)
+                                            prefill_graphs=args.prefill_graphs, loaded=loaded,
+                                            fill_chunk_rows=args.fill_chunk_rows)
+    dtype_bytes = next(loaded.model.parameters()).element_size()
+    hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
+               tokenizer_tokens=len(loaded.vocab.token_bytes),
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
+               weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
                                       getattr(engine.program, "prefill_len_buckets", [])],
                prefill_graph_capture_s=getattr(engine.program, "prefill_graph_capture_s", 0.0),
                prefill_graph_pool_bytes=getattr(engine.program, "prefill_graph_pool_bytes", 0),
-               runs=[], ttft_single={}, micro=[])
+               runs=[], ttft_single={}, micro=[], jsb_rejected_by_sidecar={})
     print(f"== {label} ({'RANDOM weights' if random_weights else 'real weights'}), V={loaded.vocab.vocab_size}, "
-          f"graphs captured in {capture_s:.1f}s (prefill graphs {res['prefill_graph_buckets']}: "
-          f"{res['prefill_graph_capture_s']:.2f}s, +{res['prefill_graph_pool_bytes'] / 2**20:.0f} MiB)", flush=True)
+          f"weights {hbm[0] / 2**30:.2f} GiB, graphs captured in {capture_s:.1f}s (prefill graphs "
+          f"{res['prefill_graph_buckets']}: {res['prefill_graph_capture_s']:.2f}s, "
+          f"+{res['prefill_graph_pool_bytes'] / 2**20:.0f} MiB)", flush=True)
+    jsb_live = list(jsb or [])
+    variants = [v for v in args.variants if v != "json_schema_jsb" or jsb_live]
+
+    def work(variant):
+        return Workload(engine, loaded, variant, schemas, args.max_tokens, jsb=jsb_live,
+                        rejected=res["jsb_rejected_by_sidecar"])
     try:
-        for variant in args.variants:
-            work = Workload(engine, loaded, variant, schemas, args.max_tokens)
-            res["ttft_single"][variant] = ttft_single(engine, work, args.ttft_reps)
+        for variant in variants:
+            res["ttft_single"][variant] = ttft_single(engine, work(variant), args.ttft_reps)
         for b in args.batches:
-            for variant in args.variants:
-                work = Workload(engine, loaded, variant, schemas, args.max_tokens)
-                r = closed_loop(engine, work, b, args.warm_steps, args.steps)
+            for variant in variants:
+                reps = []
+                for _ in range(args.repeats):
+                    reps.append(closed_loop(engine, work(variant), b, args.warm_steps, args.steps, hbm=hbm))
+                    _drain(engine)
+                r = aggregate(reps)
                 r.update(variant=variant)
                 res["runs"].append(r)
-                print(f"  B={b:<4} {variant:<12} {r['tokens_per_s']:9.0f} tok/s  decode {r['decode_tokens_per_s'] or 0:9.0f}"
-                      f"  step {r['step_ms_p50']:.2f} ms  gap {r.get('exposed_wait_ms_p50') or 0:.3f} ms"
-                      f"  errors {r['num_errors']}", flush=True)
-                _drain(engine)
+                print(f"  {'[random weights] ' if random_weights else ''}B={b:<4} {variant:<16} "
+                      f"{fmt_spread(r['tokens_per_s_spread']):>18} tok/s  decode "
+                      f"{fmt_spread(r['decode_tokens_per_s_spread']):>18}  step {r['step_ms_p50']:.2f} ms  "
+                      f"GPU idle {fmt_spread(r['gpu_idle_ms_p50_spread'], '{:.3f}')} ms "
+                      f"({fmt_spread(r['gpu_idle_pct_spread'], '{:.1f}')} %, {r['gpu_idle_source']})  "
+                      f"HBM-bound fraction {fmt_spread(r['hbm_bound_fraction_spread'], '{:.3f}')}  "
+                      f"errors {r['num_errors']}", flush=True)
+        res["jsb_schemas_used"] = len(jsb_live)
         if args.device == "cuda" and hasattr(engine.program, "_fin_graphs") and engine.program.use_graphs:
-            res["micro"] = micro(engine.program, args.batches)
+            try:  # phase micro-timings reach into the graph executor's internals: never lose the runs
+                res["micro"] = micro(engine.program, args.batches)
+            except Exception as e:  # noqa: BLE001
+                res["micro_error"] = repr(e)
         if args.baseline and not random_weights:
             try:
                 res["baseline"] = hf_baseline(model, schemas, [b for b in args.batches if b <= 64],
-                                              args.max_tokens, loaded)
+                                              args.max_tokens, loaded, args.baseline_repeats,
+                                              compile_forward=args.baseline_compile)
             except Exception as e:  # noqa: BLE001 - keep the engine figures
                 import traceback
 
@@ -477,35 +587,37 @@ def _auto_fill_threads() -> int:
     return auto()
 
 
-def git_rev() -> str:
-    """``HEAD`` (+dirty) of the checkout; ``$NINFER_GIT_REV`` wins (the device copy has no usable git)."""
-    if os.environ.get("NINFER_GIT_REV"):
-        return os.environ["NINFER_GIT_REV"]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-        return rev + ("+dirty" if dirty.strip() else "") if rev else os.environ.get("NINFER_GIT_REV", "unknown")
-    except OSError:
-        return os.environ.get("NINFER_GIT_REV", "unknown")
-
-
 def summary(res: dict) -> list[str]:
-    lines = []
+    """Printed tables: per model, per (B, variant) medians over the repeats with [min-max] spreads."""
+    lines = [f"engine_bench {res.get('date')} on {res.get('device')} @ {res.get('revision')}",
+             f"  command: {res.get('command')}",
+             f"  {res.get('settings', {}).get('steps')} measured decode steps after "
+             f"{res.get('settings', {}).get('warm_steps')} warm-up, {res.get('settings', {}).get('repeats')} "
+             "repeats: median [min-max]"]
     for m in res["models"]:
         tag = "RANDOM weights" if m["random_weights"] else "real weights"
-        lines.append(f"{m['label']} ({tag}, V={m['vocab_size']}, {m['dtype']})")
-        lines.append(f"  {'B':>4} {'variant':<12} {'tok/s':>9} {'decode tok/s':>12} {'ratio':>6} {'TTFT p50/p99 ms':>16} "
-                     f"{'ITL p50/p99 ms':>15} {'gap ms':>7} {'gap %':>6} {'H2D B/step':>10} {'idle ms':>8}")
+        lines.append(f"{m['label']} ({tag}, V={m['vocab_size']}, {m['dtype']}, "
+                     f"weights {m.get('weight_bytes', 0) / 2**30:.2f} GiB)")
+        lines.append(f"  {'B':>4} {'variant':<16} {'tok/s':>20} {'decode tok/s':>20} {'ratio':>6} "
+                     f"{'GPU idle ms/step':>22} {'idle %':>6} {'HBM-bound frac':>14} {'TTFT p50':>8} "
+                     f"{'ITL p50/p99 ms':>15} {'H2D B/step':>10}")
         base = {r["batch"]: r for r in m["runs"] if r["variant"] == "none"}
         for r in m["runs"]:
             u = base.get(r["batch"])
             ratio = (r["decode_tokens_per_s"] / u["decode_tokens_per_s"]) if u and u["decode_tokens_per_s"] and \
                 r["decode_tokens_per_s"] else float("nan")
-            lines.append(f"  {r['batch']:>4} {r['variant']:<12} {r['tokens_per_s']:9.0f} {r['decode_tokens_per_s'] or 0:12.0f} "
-                         f"{ratio:6.3f} {r['ttft_ms_p50'] or 0:7.1f}/{r['ttft_ms_p99'] or 0:<8.1f} "
-                         f"{r['itl_ms_p50'] or 0:6.2f}/{r['itl_ms_p99'] or 0:<8.2f} "
-                         f"{r.get('exposed_wait_ms_p50') or 0:7.3f} {r.get('exposed_wait_pct') or 0:6.1f} "
-                         f"{r['mask_h2d_bytes_per_step']:10.0f} {_idle_ms(r):8.2f}")
+            lines.append(f"  {r['batch']:>4} {r['variant']:<16} {fmt_spread(r.get('tokens_per_s_spread')):>20} "
+                         f"{fmt_spread(r.get('decode_tokens_per_s_spread')):>20} {ratio:6.3f} "
+                         f"{fmt_spread(r.get('gpu_idle_ms_p50_spread'), '{:.3f}'):>22} "
+                         f"{r.get('gpu_idle_pct') or 0:6.1f} {r.get('hbm_bound_fraction') or 0:14.3f} "
+                         f"{r['ttft_ms_p50'] or 0:8.1f} {r['itl_ms_p50'] or 0:6.2f}/{r['itl_ms_p99'] or 0:<8.2f} "
+                         f"{r['mask_h2d_bytes_per_step']:10.0f}")
+        src = {r.get("gpu_idle_source") for r in m["runs"]} - {None, ""}
+        lines.append(f"  GPU idle source: {', '.join(sorted(src)) or '-'} (cuda_events: step wall - Forward - Finish "
+                     "event time; host_wait: CPU run, time blocked on the sidecar's answer)")
+        if m.get("jsb_schemas_used") is not None:
+            lines.append(f"  json_schema_jsb: {m['jsb_schemas_used']} JSONSchemaBench schemas in use "
+                         f"({len(m.get('jsb_rejected_by_sidecar') or {})} refused by the sidecar)")
         for v, t in m["ttft_single"].items():
             extra = ""
             if "first_step_ms_p50" in t:
@@ -516,19 +628,24 @@ def summary(res: dict) -> list[str]:
         for b in m.get("baseline", []):
             eng = next((r for r in m["runs"] if r["batch"] == b["batch"] and r["variant"] == b["variant"]), None)
             sp = eng["tokens_per_s"] / b["tokens_per_s"] if eng else float("nan")
-            lines.append(f"  baseline transformers{'+xgrammar' if b['variant'] != 'none' else ''} B={b['batch']}: "
-                         f"{b['tokens_per_s']:.0f} tok/s; engine/baseline = {sp:.1f}x")
+            lines.append(f"  baseline transformers{'+xgrammar' if b['variant'] != 'none' else ''} (static cache) "
+                         f"B={b['batch']}: {fmt_spread(b.get('tokens_per_s_spread') or spread([b['tokens_per_s']]))}"
+                         f" tok/s; engine/baseline = {sp:.1f}x")
     return lines
 
 
-def _idle_ms(r: dict) -> float:
-    """GPU idle per decode step: decode-step wall time minus GPU Forward and Finish time (CUDA runs)."""
-    if not r.get("decode_tokens_per_s") or r.get("gpu_forward_ms_p50") is None:
-        return float("nan")
-    return 1e3 * r["batch"] / r["decode_tokens_per_s"] - r["gpu_forward_ms_p50"] - r["gpu_finish_ms_p50"]
+def _err(rows, key):
+    """(medians, [lower, upper] error bars) of ``key`` over ``rows`` (spread from the repeats)."""
+    med = [r.get(key) or 0 for r in rows]
+    sp = [r.get(f"{key}_spread") or {} for r in rows]
+    lo = [max(0.0, m - (s.get("min") if s.get("min") is not None else m)) for m, s in zip(med, sp)]
+    hi = [max(0.0, (s.get("max") if s.get("max") is not None else m) - m) for m, s in zip(med, sp)]
+    return med, [lo, hi]
 
 
 def plot(res: dict, out_prefix: Path) -> list[str]:
+    """One PNG per model: tokens/s vs B (error bars = repeat spread), constrained/unconstrained ratio, and
+    GPU idle per decode step (% of the step)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -537,19 +654,23 @@ def plot(res: dict, out_prefix: Path) -> list[str]:
     files = []
     for m in res["models"]:
         tag = "random weights" if m["random_weights"] else "real weights"
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(17, 4.5))
         for v in VARIANTS:
             rs = [r for r in m["runs"] if r["variant"] == v]
             if rs:
-                a1.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs], "o-", label=f"engine {v}")
+                med, err = _err(rs, "tokens_per_s")
+                a1.errorbar([r["batch"] for r in rs], med, yerr=err, fmt="o-", capsize=3, label=f"engine {v}")
+                med, err = _err(rs, "gpu_idle_pct")
+                a3.errorbar([r["batch"] for r in rs], med, yerr=err, fmt="o-", capsize=3, label=v)
         for v in ("none", "json_schema"):
             bs = [b for b in m.get("baseline", []) if b["variant"] == v]
             if bs:
-                a1.plot([b["batch"] for b in bs], [b["tokens_per_s"] for b in bs], "s--",
-                        label=f"transformers{'+xgrammar' if v != 'none' else ''} {v}")
+                med, err = _err(bs, "tokens_per_s")
+                a1.errorbar([b["batch"] for b in bs], med, yerr=err, fmt="s--", capsize=3,
+                            label=f"transformers{'+xgrammar' if v != 'none' else ''} {v}")
         a1.set(xscale="log", yscale="log", xlabel="batch (concurrent requests)", ylabel="output tokens/s",
                title=f"{m['label']} ({tag}) on {res['device']}")
-        a1.legend(fontsize=8)
+        a1.legend(fontsize=7)
         base = {r["batch"]: r for r in m["runs"] if r["variant"] == "none"}
         for v in VARIANTS[1:]:
             rs = [r for r in m["runs"] if r["variant"] == v and r["batch"] in base]
@@ -562,7 +683,11 @@ def plot(res: dict, out_prefix: Path) -> list[str]:
         a2.axhline(0.95, color="grey", ls="--", lw=1, label="target 0.95")
         a2.set(xscale="log", xlabel="batch", ylabel="constrained / unconstrained tokens/s",
                title=f"constrained/unconstrained ratio ({tag})")
-        a2.legend(fontsize=8)
+        a2.legend(fontsize=7)
+        a3.axhline(5, color="grey", ls="--", lw=1, label="target 5 %")
+        a3.set(xscale="log", xlabel="batch", ylabel="GPU idle per decode step, % of step",
+               title=f"GPU idle per decode step ({tag}; {res.get('revision', '')[:10]})")
+        a3.legend(fontsize=7)
         fig.tight_layout()
         f = out_prefix.parent / f"{out_prefix.name}_{m['label']}.png"
         fig.savefig(f, dpi=110)
@@ -575,24 +700,38 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--model", default="SmolLM2-135M-Instruct", help="real-weights model (name or .gguf path)")
-    ap.add_argument("--preset", default=None, help="add a random-weights preset (e.g. llama-1b-random)")
+    ap.add_argument("--no-real", action="store_true", help="skip the real-weights model (only --preset shapes)")
+    ap.add_argument("--preset", nargs="*", default=[],
+                    help="random-weights shapes: llama-8b-random (Llama-3.1-8B), qwen3-8b-random (Qwen3-8B + "
+                    "the real Qwen3 tokenizer), any gpu_engine.model.config preset")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64, help="per request; finished rows are replaced")
     ap.add_argument("--max-seq-len", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=48, help="measured steps per (batch, variant)")
-    ap.add_argument("--warm-steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=400, help="measured steps per (batch, variant, repeat)")
+    ap.add_argument("--warm-steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="closed-loop repeats per (batch, variant)")
     ap.add_argument("--ttft-reps", type=int, default=8)
+    ap.add_argument("--jsb", type=int, default=64,
+                    help="JSONSchemaBench schemas of the json_schema_jsb variant (0 = leave the variant out)")
     ap.add_argument("--fill-threads", type=int, default=0,
                     help="sidecar mask-fill threads (0 = the sidecar's auto choice)")
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
+    ap.add_argument("--fill-chunk-rows", type=int, default=0,
+                    help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
     ap.add_argument("--graph-context", choices=["buckets", "full"], default="buckets")
     ap.add_argument("--prefill-graphs", default="on",
                     help='prefill CUDA graph buckets: "on" (rows 1,2,4,8 x lengths 32..512), "off" or "R,..xL,.."')
     ap.add_argument("--schemas", default=str(ROOT / "bench" / "schemas_sample.json"))
     ap.add_argument("--baseline", action="store_true", help="also run transformers + xgrammar (CUDA)")
-    ap.add_argument("--out", default=None, help="results JSON (plots are written beside it)")
+    ap.add_argument("--baseline-repeats", type=int, default=3)
+    ap.add_argument("--baseline-compile", action="store_true",
+                    help="let transformers torch.compile its static-cache forward (compiles per batch size)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run (CPU-sized): B 1 2, 12 steps after 2 warm-up, 2 repeats, 3 JSB schemas, 8 tokens")
+    ap.add_argument("--out", default=None,
+                    help="results JSON (default bench/results/engine_bench_<date>_<device>.json; plots beside)")
     ap.add_argument("--plot", default=None, help="only plot + print the table of an existing results JSON")
     args = ap.parse_args(argv)
     if args.plot:
@@ -600,40 +739,41 @@ def main(argv=None) -> int:
         print("\n".join(summary(res)))
         print("plots:", plot(res, Path(args.plot).with_suffix("")))
         return 0
-    import torch
-
+    if args.quick:
+        args.batches, args.steps, args.warm_steps, args.repeats = [1, 2], 12, 2, 2
+        args.ttft_reps, args.jsb, args.max_tokens = 1, min(args.jsb, 3), min(args.max_tokens, 8)
     schemas = load_schemas(Path(args.schemas))
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-    res = dict(date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), device=device_name, command=" ".join(sys.argv),
-               revision=git_rev(), torch=torch.__version__, python=platform.python_version(),
-               settings=dict(max_tokens=args.max_tokens, temperature=TEMPERATURE, steps=args.steps,
-                             warm_steps=args.warm_steps, prompt=PROMPT, gbnf=GBNF, regex=REGEX,
-                             num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
-                             fill_threads=args.fill_threads or _auto_fill_threads(),
-                             prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
-                             f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
-                             graph_context=args.graph_context, eos="unconstrained rows ignore EOS; constrained "
-                             "rows stop at grammar EOS and are replaced (closed loop)"),
-               models=[])
-    models = [("smollm2-135m", args.model, False)]
-    if args.preset:
-        models.append((args.preset, args.preset, True))
+    jsb = jsb_sample(args.jsb) if args.jsb > 0 and "json_schema_jsb" in args.variants else None
+    out = results_path("engine_bench", args.device, args.out)
+    res = run_header(args.device, settings=dict(
+        max_tokens=args.max_tokens, temperature=TEMPERATURE, steps=args.steps, warm_steps=args.warm_steps,
+        repeats=args.repeats, batches=args.batches, prompt=PROMPT, gbnf=GBNF, regex=REGEX,
+        num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
+        fill_threads=args.fill_threads or _auto_fill_threads(), fill_chunk_rows=args.fill_chunk_rows,
+        prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
+        f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
+        graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "
+        "rows stop at grammar EOS or max_tokens; every finished row is replaced at once (closed loop, B constant)",
+        hbm_bound="(weight bytes + live KV bytes) / 4.8 TB/s per decode step; fraction = bound / median step"),
+        jsb=None if jsb is None else {k: jsb[k] for k in ("ids", "subsets", "skipped", "source", "seed")},
+        models=[])
+    models = [] if args.no_real else [("smollm2-135m", args.model, False)]
+    models += [(p, p, True) for p in args.preset]
     for label, src, rnd in models:
         try:
-            res["models"].append(run_model(label, src, args, schemas, rnd))
+            res["models"].append(run_model(label, src, args, schemas, rnd, jsb=jsb["schemas"] if jsb else None))
         except Exception as e:  # noqa: BLE001 - keep the other model's figures
             import traceback
 
             traceback.print_exc()
             res.setdefault("errors", []).append(f"{label}: {e!r}")
-        if args.out:
-            Path(args.out).write_text(json.dumps(res, indent=1))
+        out.write_text(json.dumps(res, indent=1))
     print("\n".join(summary(res)))
-    if args.out:
-        try:
-            print("plots:", plot(res, Path(args.out).with_suffix("")))
-        except ImportError:
-            print("matplotlib missing: plot later with --plot", args.out)
+    print("results:", out)
+    try:
+        print("plots:", plot(res, out.with_suffix("")))
+    except ImportError:
+        print("matplotlib missing: plot later with --plot", out)
     return 0
 
 

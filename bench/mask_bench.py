@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(censored at the deadline in the cold-compile percentiles) and are not used further")
     ap.add_argument("--xgr-reference-limit", type=int, default=60,
                     help="schemas for the plain xgrammar compile_json_schema reference (no deadline there)")
+    ap.add_argument("--fill-chunk-rows", type=int, default=0,
+                    help="sidecar: rows per fill chunk overlapped with the next commits (0 = off)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--no-xgr-reference", action="store_true", help="skip plain xgrammar compile_json_schema")
     ap.add_argument("--out", default="", help="output prefix (default bench/results/mask_bench_<date>)")
@@ -384,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
           f"max {max(lens)}", flush=True)
 
     # ---- executors
-    side = SidecarExec(vocab, args.rows, ["--compile-timeout", str(max(60.0, 6 * args.compile_timeout))])
+    side = SidecarExec(vocab, args.rows, ["--compile-timeout", str(max(60.0, 6 * args.compile_timeout)),
+                                          "--fill-chunk-rows", str(args.fill_chunk_rows)])
     num_words = (vocab.vocab_size + 31) // 32
     compiled = {k: u["compiled"]._compiled for k, u in enumerate(usable)}
     inproc = InprocExec(compiled, args.rows, num_words)
@@ -475,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_vocabulary": {"file": os.path.basename(args.model), "vocab_size": vocab.vocab_size,
                              "tokens": len(vocab.token_bytes), "eos_ids": list(vocab.eos_ids)},
         "params": {"limit": args.limit, "seed": args.seed, "rows": args.rows, "steps": args.steps,
-                   "warmup_steps": args.warmup_steps, "fill_threads_inproc_batch": args.fill_threads,
+                   "warmup_steps": args.warmup_steps, "fill_threads_inproc_batch": args.fill_threads, "fill_chunk_rows": args.fill_chunk_rows,
                    "positions_per_row": 1},
         "schemas": {"scanned": scanned, "unsupported_by_converter": dict(unsupported), "sampled": len(sample), "duplicates_skipped": duplicates, "compiled": len(ok), "compile_errors": dict(errors),
                     "trajectory_rejected": traj_fail, "usable": len(usable),

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="replay a CUDA graph per batch size")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
+                    help="paged attention implementation (auto: Triton kernel on CUDA, gather + SDPA on CPU)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -77,9 +79,12 @@ def main(argv: list[str] | None = None) -> None:
 
         model = load_model(a.model, a.device, dtype, max_lanes=lanes, max_seq_len=seq).model
         note = ""
+    model.set_attention(a.attention)
+    model.kv.reserve_all()  # decode_step_seconds drives forward directly (paged KV: positions must be reserved)
     for b in a.batch:
         sec = decode_step_seconds(model, b, a.context, a.steps, a.graph)
         print(f"{a.model}{note} {model.device.type} {str(model.dtype).removeprefix('torch.')} graph={a.graph} "
+              f"attention={model.attention} "
               f"batch={b} context={a.context}: {sec * 1e3:.2f} ms/step, {b / sec:.1f} tok/s", flush=True)
 
 

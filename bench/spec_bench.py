@@ -5,6 +5,11 @@ usage:
   python bench/spec_bench.py --device cuda --model /root/ninfer-model/SmolLM2-135M-Instruct.Q4_1.gguf \\
          --batches 1 32 --max-tokens 128 [--draft-layers 0 15]
   python bench/spec_bench.py --plot bench/results/spec_cpu.json      # table + plots from saved results
+  python bench/spec_bench.py --quick                                    # CPU smoke run
+
+Closed loop (issue 12): B requests in flight at all times (a finished one is replaced at once), the engine
+stepped in this process; ``--warm-steps`` then ``--steps`` (default 400) measured steps, ``--repeats``
+(default 3) repeats: every figure is the median with its [min-max] spread.
 
 What it runs (one process, no gRPC front end: the Engine is driven in-process with the real constraint
 sidecar subprocess and the shared-memory ring, as ``gpu_engine/api/serve.py``'s ``build_stack`` builds
@@ -14,9 +19,9 @@ speculative override):
 * for each batch size B, each workload (``json_schema``: a JSON Schema for a list of records;
   ``none``: the same prompts unconstrained) and each method (``none``, ``ngram``, ``early-exit``,
   ``early-exit-sampled``; early exit once per ``--draft-layers`` value, ``0`` = layers // 4), B requests
-  are submitted at once (prompts cycled from :data:`PROMPTS`), greedy unless ``--temperature``;
-* reported per configuration: output tokens/s (all completion tokens / wall time from submit to the
-  last finish; prefill included and equal across methods), speed-up vs ``none`` at the same
+  kept in flight, closed loop (prompts cycled from :data:`PROMPTS`), greedy unless ``--temperature``;
+* reported per configuration: output tokens/s (tokens committed in the measured window / its wall
+  time; prefills of replacement requests included, as in serving), speed-up vs ``none`` at the same
   workload and B, drafted and accepted draft tokens, acceptance rate, **mean accepted length**
   (tokens committed per verified row-step = 1 + accepted / verified row-steps; the usual τ), mean
   step time, and the **exposed waits per step**: draft-ready and the sidecar's mask answer (time
@@ -49,6 +54,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_common import fmt_spread, spread  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -107,26 +115,73 @@ def _wait(req):
 
 
 def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature) -> dict:
-    """Submit ``b`` requests at once, wait for all; engine stats are reset first."""
+    """Warm-up: submit ``b`` requests at once and step the engine (driven in this thread) until all end."""
     from gpu_engine.engine.loop import EngineStats
 
     reqs = [svc.build_request(_message(PROMPTS[i % len(PROMPTS)], constrained, method, k, max_tokens, temperature,
                                        1000 + i)) for i in range(b)]
     engine.stats = EngineStats()
-    t0 = time.perf_counter()
     for r in reqs:
         engine.submit(r)
-    fins = [_wait(r) for r in reqs]
+    while not all(r.finished for r in reqs):
+        engine.step()
+    return {"batch": b, "errors": sum(1 for r in reqs if _finish_of(r) is None or _finish_of(r).error is not None)}
+
+
+def _finish_of(req):
+    """The request's Finish event (None if not there), without consuming the queue."""
+    from gpu_engine.core.request import Finish
+
+    with req.events.mutex:
+        return next((ev for ev in req.events.queue if isinstance(ev, Finish)), None)
+
+
+def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperature, warm_steps, steps) -> dict:
+    """Closed loop at constant concurrency ``b``: every finished request is replaced at once (same workload,
+    next prompt and seed); the engine is stepped in this thread; after ``warm_steps`` steps, ``steps``
+    steps are measured. tokens/s = committed tokens in the window / window wall time; engine stats
+    (acceptance, waits) are those of the window."""
+    from gpu_engine.engine.loop import EngineStats
+
+    live, fins, n = [], [], [0]
+
+    def top_up():
+        while len(live) < b:
+            i = n[0]
+            n[0] += 1
+            r = svc.build_request(_message(PROMPTS[i % len(PROMPTS)], constrained, method, k, max_tokens,
+                                           temperature, 1000 + i))
+            engine.submit(r)
+            live.append(r)
+
+    top_up()
+    for _ in range(warm_steps):
+        engine.step()
+        live[:] = [r for r in live if not r.finished]
+        top_up()
+    engine.stats = EngineStats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+        for r in live:
+            if r.finished:
+                fins.append(_finish_of(r))
+        live[:] = [r for r in live if not r.finished]
+        top_up()
     wall = time.perf_counter() - t0
     st = engine.stats
+    for r in live:
+        r.cancel()
+    while engine.num_active:
+        engine.step()
+    fins = [f for f in fins if f is not None]
     errors = [f.error for f in fins if f.error is not None]
-    tokens = sum(f.completion_tokens for f in fins)
-    drafted = sum(f.draft_tokens for f in fins)
-    accepted = sum(f.accepted_draft_tokens for f in fins)
+    drafted, accepted = st.draft_tokens, st.accepted_draft_tokens
     return {
         "batch": b, "constrained": constrained, "method": method, "num_draft_tokens": k if method != "none" else 0,
-        "tokens": tokens, "wall_s": round(wall, 4), "tokens_per_s": round(tokens / wall, 2),
-        "errors": len(errors), "first_error": errors[0] if errors else None,
+        "tokens": st.tokens, "wall_s": round(wall, 4), "tokens_per_s": round(st.tokens / wall, 2),
+        "errors": len(errors), "first_error": str(errors[0]) if errors else None,
+        "requests_finished": len(fins),
         "steps": st.steps, "step_ms_mean": round(st.step_s / max(st.steps, 1) * 1e3, 3),
         "draft_tokens": drafted, "accepted_draft_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
@@ -143,8 +198,23 @@ def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature
         if st.spec_steps else None,
         "sidecar_wait_ms_per_constrained_step": round(statistics.fmean(st.per_step_wait_ms), 3)
         if st.per_step_wait_ms else None,
+        "gpu_idle_ms_p50": round(statistics.median(st.per_step_gpu_idle_ms), 3) if st.per_step_gpu_idle_ms else None,
+        "gpu_idle_source": st.idle_source,
         "completion_tokens_per_request": [f.completion_tokens for f in fins],
     }
+
+
+def _aggregate(reps: list[dict]) -> dict:
+    """Median over the repeats of each figure that varies (``<key>_spread`` = median/min/max/n)."""
+    row = dict(reps[0])
+    for key in ("tokens_per_s", "mean_accepted_len", "acceptance_rate", "step_ms_mean",
+                "draft_ready_wait_ms_per_spec_step", "sidecar_wait_ms_per_constrained_step", "gpu_idle_ms_p50"):
+        sp = spread(r.get(key) for r in reps)
+        row[key] = sp["median"]
+        row[key + "_spread"] = sp
+    row["errors"] = sum(r["errors"] for r in reps)
+    row["repeats"] = len(reps)
+    return row
 
 
 def run(args) -> dict:
@@ -164,7 +234,9 @@ def run(args) -> dict:
     engine, frontend, loaded = build_stack(sargs)
     if args.defer_drafts != "auto":
         engine.defer_drafts = args.defer_drafts == "on"
-    engine.start()
+    if engine.sidecar is not None:  # the engine is stepped in this thread (no worker thread)
+        engine.sidecar.startup_timeout_s = max(engine.sidecar.startup_timeout_s, 600.0)  # loaded CPU hosts
+        engine.sidecar.start()
     load_s = time.perf_counter() - t0
     svc = GenerationServicer(engine, frontend)
     num_layers = loaded.config.num_layers
@@ -184,13 +256,16 @@ def run(args) -> dict:
                 run_batch(engine, svc, b=1, constrained=constrained, method=method, k=args.num_draft_tokens,
                           max_tokens=8, temperature=args.temperature)
                 for b in args.batches:
-                    res = run_batch(engine, svc, b=b, constrained=constrained, method=method,
-                                    k=args.num_draft_tokens, max_tokens=args.max_tokens, temperature=args.temperature)
+                    res = _aggregate([run_closed(engine, svc, b=b, constrained=constrained, method=method,
+                                                 k=args.num_draft_tokens, max_tokens=args.max_tokens,
+                                                 temperature=args.temperature, warm_steps=args.warm_steps,
+                                                 steps=args.steps) for _ in range(args.repeats)])
                     res["draft_layers"] = eff_layers
                     res["label"] = method if eff_layers is None else f"{method} L={eff_layers}"
                     results.append(res)
                     print(f"  {res['label']:<26} {'json_schema' if constrained else 'none':<11} B={b:<3} "
-                          f"{res['tokens_per_s']:>9.1f} tok/s  accepted len {res['mean_accepted_len']}", flush=True)
+                          f"{fmt_spread(res['tokens_per_s_spread'], '{:.1f}'):>22} tok/s  accepted len "
+                          f"{res['mean_accepted_len']}", flush=True)
     finally:
         engine.stop()
     base = {(r["constrained"], r["batch"]): r["tokens_per_s"] for r in results if r["method"] == "none"}
@@ -207,6 +282,9 @@ def run(args) -> dict:
         "model": str(loaded.source), "random_weights": bool(getattr(loaded, "random_weights", False)),
         "num_layers": num_layers, "num_draft_tokens": args.num_draft_tokens, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "batches": args.batches, "load_s": round(load_s, 2),
+        "steps": args.steps, "warm_steps": args.warm_steps, "repeats": args.repeats,
+        "loop": "closed (constant concurrency B, finished requests replaced at once); tokens/s over the "
+                "measured steps; medians over repeats",
         "dtype": str(getattr(loaded.model, "dtype", "")), "defer_drafts": engine.defer_drafts,
         "tag": args.tag or args.device,
         "notes": args.notes, "results": results,
@@ -293,7 +371,14 @@ def main(argv=None) -> int:
                     help="early-exit draft-ready overlap (device-side ids + ready event); auto = on with CUDA")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--plot", metavar="JSON", help="only print the table and plot saved results")
+    ap.add_argument("--steps", type=int, default=400, help="measured engine steps per configuration and repeat")
+    ap.add_argument("--warm-steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smoke run: B 1 2, 16 steps after 4, 2 repeats, K=2")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.batches, args.steps, args.warm_steps, args.repeats = [1, 2], 16, 4, 2
+        args.max_tokens, args.num_draft_tokens = min(args.max_tokens, 12), min(args.num_draft_tokens, 2)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.plot:

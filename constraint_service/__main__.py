@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-threads", type=int, default=0,
                     help="threads of xgrammar's batch mask fill on the Step path (0 = auto: min(8, CPUs), "
                          "1 on 2 CPUs)")
+    ap.add_argument("--fill-chunk-rows", type=int, default=0,
+                    help="Steps with more rows fill them in chunks of this many on a background thread, "
+                         "overlapping the next rows' commits (0 = default: commit all rows, then fill)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         _set_pdeathsig()
 
     servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout,
-                                                 fill_threads=max(0, args.fill_threads)))
+                                                 fill_threads=max(0, args.fill_threads),
+                                                 fill_chunk_rows=max(0, args.fill_chunk_rows)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 64 << 20)])
     pb_grpc.add_ConstraintServiceServicer_to_server(servicer, server)

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -32,7 +33,7 @@ from .compiler import ConstraintCompiler
 from .errors import ConstraintError, IntegrityError
 from .session import OutputSession, fill_rows
 from .registry import kind_entry
-from .types import CacheStatus, ConstraintSpec
+from .types import UNCONSTRAINED, CacheStatus, ConstraintSpec
 from .vocab import Vocabulary
 
 log = logging.getLogger("ninfer.sidecar")
@@ -53,12 +54,20 @@ class SidecarOptions:
         fill_threads: threads of xgrammar's batch mask fill on the Step path; 0 = auto
             (``min(8, CPUs this process may run on)``; 1 on 2 CPUs or fewer, where a second
             pool thread measured slower than none: bench/mask_bench.py).
+        fill_chunk_rows: a Step with more rows to fill than this fills them in chunks of this many
+            rows on a background fill thread, as soon as a chunk's commits are done, while the Step
+            thread commits the next chunk (the fill releases the GIL: xgrammar's batch fill runs in
+            C++ without it); 0 (default) = commit every row first, then fill all rows in the Step
+            thread. Off by default: on this 2-CPU host (load ~50) it made the Step 8x slower at p50
+            (64 rows, bench/step_fill_bench.py: 2.5 -> 20 ms): the worker needs the GIL to pick up a
+            chunk while the Step thread runs Python commits (GIL switch interval 5 ms).
     """
 
     cache_bytes: int = 256 << 20
     max_cold_compiles: int = 2
     compile_timeout_s: float = 10.0
     fill_threads: int = 0
+    fill_chunk_rows: int = 0
 
 
 def _auto_fill_threads() -> int:
@@ -67,6 +76,71 @@ def _auto_fill_threads() -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 2
     return 1 if cpus <= 2 else min(8, cpus)
+
+
+class _FillChunks:
+    """The lookahead fills of one Step, started while the Step's rows are still being committed.
+
+    Rows are added as their commit is done; with more than ``fill_chunk_rows`` rows in the Step, every
+    ``fill_chunk_rows`` added rows go to the servicer's fill thread at once (:func:`fill_rows` on those
+    lanes only), so the C++ fill (GIL released) overlaps the Python commits of the next rows. Each row
+    writes only its own ring rows, so the slot's contents do not depend on the chunking.
+    """
+
+    def __init__(self, servicer: "ConstraintServicer", fill: list, drafts_of: list, bitmask, status,
+                 num_rows: int) -> None:
+        self.fill, self.drafts_of, self.bitmask, self.status = fill, drafts_of, bitmask, status
+        n = servicer.options.fill_chunk_rows
+        self.chunk = n if 0 < n < num_rows else 0  # 0: everything in the Step thread at finish()
+        self.pool = servicer._fill_pool
+        self.pending: list[int] = []
+        self.futures: list[Future] = []
+
+    def _run(self, lanes: list[int]) -> list:
+        try:
+            return fill_rows(self.fill, self.drafts_of, self.bitmask, self.status, lanes=lanes)
+        except IntegrityError as e:  # malformed views: every row of the chunk
+            return [e] * len(self.fill)
+
+    def add(self, lane: int) -> None:
+        self.pending.append(lane)
+        if self.chunk and len(self.pending) >= self.chunk:
+            self.futures.append(self.pool.submit(self._run, self.pending))
+            self.pending = []
+
+    def _flush(self) -> None:
+        """Start the pending rows' fill: on the fill thread when chunks already run there (one batch
+        matcher user at a time), else right here."""
+        if not self.pending:
+            return
+        if self.futures:
+            self.futures.append(self.pool.submit(self._run, self.pending))
+        else:
+            done: Future = Future()
+            done.set_result(self._run(self.pending))
+            self.futures.append(done)
+        self.pending = []
+
+    def wait(self) -> None:
+        """Fill every row added so far and block until done (a close row of a request filled in the same
+        Step closes it after its fill, whatever the chunking)."""
+        self._flush()
+        for f in self.futures:
+            f.result()
+
+    def finish(self) -> list:
+        """Fill the remaining rows, wait for all; ``[lanes]`` per-lane errors (None = ok). Lanes that were
+        not filled get ``UNCONSTRAINED`` status (as :func:`fill_rows` over all rows does)."""
+        self._flush()
+        errors: list = [None] * len(self.fill)
+        for f in self.futures:
+            for lane, err in enumerate(f.result()):
+                if err is not None:
+                    errors[lane] = err
+        idle = [lane for lane, s in enumerate(self.fill) if s is None]
+        if idle:
+            self.status[idle] = UNCONSTRAINED
+        return errors
 
 
 @dataclass
@@ -98,6 +172,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         self._ring: MaskRing | None = None
         self._ring_name = ""
         self._sessions: dict[str, _Live] = {}
+        # one background fill thread: fills of one Step run in order (one xgrammar batch matcher)
+        self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="ninfer-fill")
 
     # ------------------------------------------------------------------ setup
     def RegisterVocabulary(self, request: pb.RegisterVocabularyRequest, context: grpc.ServicerContext):
@@ -225,9 +301,12 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         drafts_of: list = [()] * num_lanes
         filled: list[tuple[int, int, _Live]] = []  # (index in out, lane, live)
         seen: set[str] = set()
+        chunks = _FillChunks(self, fill, drafts_of, bitmask, status, len(rows))
         for r in rows:
             rid, lane = r.request_id, r.row
             if r.close:
+                if rid in seen:  # its lookahead fill may be running: let it end first
+                    chunks.wait()
                 out.append(self._close_row(rid, lane, r.commit_tokens))
                 continue
             live = sessions.get(rid)
@@ -257,11 +336,9 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             fill[lane] = s
             drafts_of[lane] = r.draft_tokens
             filled.append((len(out) - 1, lane, live))
+            chunks.add(lane)
         if filled:
-            try:
-                errors = fill_rows(fill, drafts_of, bitmask, status)
-            except IntegrityError as e:  # malformed views: the whole step
-                errors = [e] * num_lanes
+            errors = chunks.finish()
             for j, lane, live in filled:
                 err = errors[lane]
                 o = out[j]

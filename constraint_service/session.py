@@ -262,7 +262,8 @@ class OutputSession:
 
 
 def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Sequence[Sequence[int]],
-              bitmask_view: np.ndarray, status_view: np.ndarray) -> list[Optional[IntegrityError]]:
+              bitmask_view: np.ndarray, status_view: np.ndarray,
+              lanes: Optional[Sequence[int]] = None) -> list[Optional[IntegrityError]]:
     """Fill the lookahead masks of one step for many rows (the sidecar's Step path).
 
     Same per-row semantics as :meth:`OutputSession.fill_lookahead`, computed
@@ -275,6 +276,9 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
         drafts_per_row: ``[R]`` lists of draft ids (``len <= P-1``).
         bitmask_view: ``[R, P, W]`` uint32, C-contiguous (the ring slot's rows).
         status_view: ``[R, P]`` uint8.
+        lanes: only these rows (each with a session) are filled and every other row of the views is
+            left untouched (the sidecar fills a step's rows in chunks, overlapping a chunk's fill with
+            the next chunk's commits); ``None`` = all ``R`` rows.
 
     Returns:
         ``[R]`` per-row errors (``None`` = ok).  A failed row is zero-filled and
@@ -296,7 +300,8 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
     accepted = [0] * num_rows
     active: list[int] = []
     backend = None
-    for r, s in enumerate(sessions):
+    for r in (range(num_rows) if lanes is None else lanes):
+        s = sessions[r]
         if s is None:
             status_view[r, :] = UNCONSTRAINED
             continue
@@ -368,8 +373,8 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
         for r, n in enumerate(accepted):
             if n:
                 sessions[r]._matcher.rollback(n)
-    for r, s in enumerate(sessions):
-        if s is not None and end[r] < positions:
+    for r in (range(num_rows) if lanes is None else lanes):
+        if sessions[r] is not None and end[r] < positions:
             bitmask_view[r, end[r]:] = 0
             status_view[r, end[r]:] = UNREACHABLE
     return errors

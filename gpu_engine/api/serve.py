@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     ap.add_argument("--max-lanes", type=int, default=8, help="resident batch slots (continuous batching)")
     ap.add_argument("--max-seq-len", type=int, default=2048, help="context length per lane in tokens")
+    ap.add_argument("--attention", choices=["auto", "reference", "triton"], default="auto",
+                    help="paged attention: auto = Triton paged decode kernel on CUDA, gather + SDPA on CPU")
     ap.add_argument("--max-tokens-default", type=int, default=256, help="budget when a request gives none")
     ap.add_argument("--speculative", choices=[m.value for m in SpecMethod], default="none")
     ap.add_argument("--num-draft-tokens", type=int, default=0, help="K draft tokens per step (0 = no speculation)")
@@ -86,6 +88,7 @@ def build_stack(args: argparse.Namespace):
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     loaded = load_model(str(path), device=args.device, dtype=dtype, max_lanes=args.max_lanes,
                         max_seq_len=args.max_seq_len)
+    loaded.model.set_attention(args.attention)  # before the executor captures its CUDA graphs
     if args.speculative != "none" and args.num_draft_tokens <= 0:
         args.num_draft_tokens = 4
     k = args.num_draft_tokens if args.speculative != "none" else args.num_draft_tokens

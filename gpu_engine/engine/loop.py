@@ -38,6 +38,7 @@ from gpu_engine.model.tokenizer import IncrementalDetokenizer
 from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.base import Executor
+from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
 from gpu_engine.core.request import Delta, Request
 from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
 
@@ -189,6 +190,10 @@ class Engine(Drafting, Closing):
         if not rows:
             return self._close_only_step() if self.sidecar is not None else False
         t0 = time.perf_counter()
+        timings = getattr(self.program, "step_timings", None)
+        n_timings = len(timings) if timings is not None else 0
+        n_waits = len(self.stats.per_step_wait_ms)
+        prefill = any(not r.output_ids for r in rows)
         with _tracer.start_as_current_span("engine.step") as span:
             span.set_attribute("ninfer.batch_size", len(rows))
             self._step_rows(rows)
@@ -196,7 +201,26 @@ class Engine(Drafting, Closing):
         self.stats.step_s += dt
         self.metrics.step_done(dt)
         self.stats.steps += 1
+        self._record_idle(dt, timings, n_timings, n_waits, prefill)
         return True
+
+    def _record_idle(self, dt: float, timings, n_timings: int, n_waits: int, prefill: bool) -> None:
+        """GPU idle of the step just run (EngineStats.per_step_gpu_idle_ms, milliseconds): with CUDA-event
+        timings, wall ``dt`` minus the GPU busy time (Forward + Finish); without them (CPU, eager) the
+        host-wait time on the sidecar's answer (0 on an unconstrained step)."""
+        st = self.stats
+        if timings is not None and len(timings) > n_timings:
+            busy = sum(t.forward_ms + t.finish_ms for t in timings[n_timings:])
+            st.per_step_gpu_busy_ms.append(busy)
+            st.per_step_gpu_idle_ms.append(max(0.0, dt * 1e3 - busy))
+            st.idle_source = "cuda_events"
+        elif timings is None or not getattr(self.program, "timing", False):
+            st.per_step_gpu_idle_ms.append(sum(st.per_step_wait_ms[n_waits:]))
+            st.idle_source = st.idle_source or "host_wait"
+        else:  # a CUDA step that recorded no events (e.g. a speculative step): no figure
+            return
+        st.per_step_wall_ms.append(dt * 1e3)
+        st.per_step_prefill.append(prefill)
 
     def _step_rows(self, rows: list[Request]) -> None:
         """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
@@ -217,33 +241,39 @@ class Engine(Drafting, Closing):
             self._seq += 1
             seq = self._seq
             slot = seq % self.ring.geometry.num_slots
-        logits = None
+        logits = batch = None
         if deferred:
             # Draft-ready overlap: queue the target forward with the device-side draft ids first;
             # block only on the ids' ready event, then send the Step (lookahead masks need the ids)
             # while the forward runs.
-            logits = prog.forward_rows(rows, drafts, deferred)
+            batch = build_step_batch(rows, drafts, draft_q, deferred, slot=slot, device=prog.device)
+            logits = prog.forward(batch)
             self._resolve_deferred(drafts, draft_q, deferred, dt)
+            batch = batch.with_drafts(drafts, draft_q, device=prog.device)
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
         if not sent:
             constrained = []
             if logits is None:  # else the forward already ran for all rows; finished rows drop below
                 rows = [r for r in rows if not r.finished]
+            else:
+                batch = batch.without_masks()
         if logits is None:  # the sidecar computes masks meanwhile
-            logits = prog.forward_rows(rows, drafts)  # [B, T, V] float32, T = 1 + max drafts
+            batch = build_step_batch(rows, drafts, draft_q, slot=slot if sent else NO_SLOT, device=prog.device)
+            logits = prog.forward(batch)  # [B, T, V] float32, T = 1 + max drafts
         words = status = enabled = None
         if sent:  # masks: wait only now
-            words, status, enabled = self._recv_masks(seq, slot, rows, constrained, closing)
+            words, status, enabled = self._recv_masks(seq, batch, constrained, closing)
         live_idx = [i for i, r in enumerate(rows) if not r.finished]
         if not live_idx:
             return
         if len(live_idx) != len(rows):
             sel = torch.tensor(live_idx)
             rows = [rows[i] for i in live_idx]
+            batch = batch.select(live_idx)
             logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
                 words, status, enabled = select_mask_rows(words, status, enabled, sel)
-        out = prog.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
+        out = prog.sample(batch, logits, words, status, enabled)
         for r, (toks, err) in zip(rows, out):
             if err is not None:
                 self._finish(r, "error", error=err)
@@ -275,9 +305,10 @@ class Engine(Drafting, Closing):
             r.pending_commit = []
         return True
 
-    def _recv_masks(self, seq: int, slot: int, rows: list[Request], constrained: list[Request], closing: list):
+    def _recv_masks(self, seq: int, batch: StepBatch, constrained: list[Request], closing: list):
         """Wait for the sidecar's answer to ``seq`` (the exposed wait), publish closed requests, fail rows
-        the sidecar reports, and stage the slot's masks: ``(words, status, enabled)`` or Nones."""
+        the sidecar reports, and stage ``batch.slot``'s masks: ``(words, status, enabled)`` or Nones."""
+        slot, rows = batch.slot, batch.rows
         tw = time.perf_counter()
         try:
             results, _work = self.sidecar.recv_step(seq)
@@ -303,7 +334,7 @@ class Engine(Drafting, Closing):
         # sampler / verifier fail the row with ConstraintDeadEnd where the draw happens.
         # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
         # registered ring into the device bitmask (prog.stage_masks documents both).
-        words, status, nbytes = self.program.stage_masks(self.ring, slot, rows)
+        words, status, nbytes = self.program.stage_masks(self.ring, batch)
         enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
         self.stats.mask_h2d_bytes += nbytes
         return words, status, enabled

@@ -29,6 +29,15 @@ class EngineStats:
     draft_host_s: float = 0.0
     per_step_draft_host_ms: list[float] = field(default_factory=list)
     deferred_spec_steps: int = 0  # spec steps that took the deferred (device draft ids) path
+    # GPU idle per step (the headline overlap metric, issue 12): CUDA = step wall time minus the GPU busy
+    # time of the step (Forward + Finish CUDA-event time of the executor's StepTiming); CPU (no events) =
+    # host-wait time, i.e. the time the step blocked on the sidecar's answer. Milliseconds, one entry per
+    # step that sampled rows; idle_source says which definition filled the list ("cuda_events" | "host_wait").
+    per_step_gpu_idle_ms: list[float] = field(default_factory=list)
+    per_step_gpu_busy_ms: list[float] = field(default_factory=list)  # CUDA only: Forward + Finish event time
+    per_step_wall_ms: list[float] = field(default_factory=list)  # same steps as per_step_gpu_idle_ms
+    per_step_prefill: list[bool] = field(default_factory=list)  # same steps: the step carried a prefill
+    idle_source: str = ""
 
 
 def ring_geometry(max_lanes: int, num_draft_tokens: int, vocab_size: int, num_slots: int = 2) -> RingGeometry:

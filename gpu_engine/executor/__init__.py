@@ -36,10 +36,17 @@ def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
             pinned host memory on CUDA).
         cuda_graphs: ``"auto"`` (on when CUDA), ``"on"`` or ``"off"`` (CUDA: same static
             buffers and phases, run eagerly).
+
+    The environment variable ``NINFER_SPEC_GRAPHS=on`` (default off until checked on the GPU)
+    also runs the target forward of speculative steps through CUDA graphs (``spec_graphs``).
     """
     dev = loaded.model.device
     if dev.type == "cuda":
         from gpu_engine.executor.cuda_graph import CudaProgram  # lazy: cuda-python only where CUDA runs
 
-        return CudaProgram(loaded.model, loaded.vocab.vocab_size, dev, ring, use_graphs=cuda_graphs != "off")
+        import os
+
+        spec = os.environ.get("NINFER_SPEC_GRAPHS", "off").strip().lower() in ("on", "1")
+        return CudaProgram(loaded.model, loaded.vocab.vocab_size, dev, ring, use_graphs=cuda_graphs != "off",
+                           spec_graphs=spec and ring is not None and ring.geometry.num_positions > 1)
     return Program(loaded.model, loaded.vocab.vocab_size, dev)

@@ -3,19 +3,22 @@
 Two implementations: :class:`gpu_engine.executor.eager.Program` (eager; CPU, or CUDA
 without graphs) and :class:`gpu_engine.executor.cuda_graph.CudaProgram` (CUDA graphs per
 batch bucket, masks copied straight from the registered ring). One step, in the order
-the engine calls it (DESIGN.md "The hot path")::
+the engine calls it (DESIGN.md "The hot path"), on the step's
+:class:`~gpu_engine.core.batch.StepBatch` (built once by
+:func:`~gpu_engine.core.batch.build_step_batch`)::
 
-    logits = ex.forward_rows(rows, drafts, deferred)        # queued, async on CUDA
-    words, status, nbytes = ex.stage_masks(ring, slot, rows)  # after the sidecar answered
-    out = ex.sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
+    logits = ex.forward(batch)                          # queued, async on CUDA
+    batch = batch.with_drafts(drafts, draft_q)          # only if batch.deferred (draft-ready overlap)
+    words, status, nbytes = ex.stage_masks(ring, batch)   # after the sidecar answered (batch.slot >= 0)
+    out = ex.sample(batch, logits, words, status, enabled)  # batch.select(live) if rows failed meanwhile
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from gpu_engine.core.request import Request
+from gpu_engine.core.batch import StepBatch
 from ninfer_common.errors import RowError
 
 __all__ = ["Executor"]
@@ -41,23 +44,24 @@ class Executor(Protocol):
     eos_ids: tuple[int, ...]
     prefill_token_budget: int
 
-    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
-                     deferred: Sequence = ()) -> torch.Tensor:
-        """Forward prefill, decode and speculative rows; ``[B, T, V]`` float32 logits, ``T = 1 + max drafts``.
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Forward prefill, decode and speculative rows of ``batch``; ``[B, T, V]`` float32 logits on
+        :attr:`device`, ``T = 1 + batch.max_drafts`` (prefill rows fill column 0 only).
 
-        ``drafts``: lane -> host draft ids; ``deferred``: device-side drafts
-        (:class:`gpu_engine.spec.drafters.DeviceDrafts`, ids ``[b, K]`` int64 padded with -1)."""
+        Host drafts are ``batch.drafts``; ``batch.deferred`` drafts (ids ``[b, K]`` int64 still on the
+        device, -1 padded) are scattered into the input on the device. Sets ``num_cached`` of prefill rows."""
         ...
 
-    def stage_masks(self, ring, slot: int, rows: list[Request]) -> tuple[object, torch.Tensor | None, int]:
-        """Bring ring slot ``slot``'s bitmasks to the sampler: ``(words, status, nbytes)``; ``words``
+    def stage_masks(self, ring, batch: StepBatch) -> tuple[object, torch.Tensor | None, int]:
+        """Bring ring slot ``batch.slot``'s bitmasks to the sampler: ``(words, status, nbytes)``; ``words``
         is ``[B, K+1, W]`` int32 in row order or a lane-addressed device copy (``RingMask``)."""
         ...
 
-    def sample_rows(self, rows: list[Request], logits: torch.Tensor, drafts: dict[int, list[int]],
-                    draft_q: dict, words, status: torch.Tensor | None,
-                    enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
-        """Sample (or verify drafts of) every row: per row the committed tokens and an error or None."""
+    def sample(self, batch: StepBatch, logits: torch.Tensor, words, status: torch.Tensor | None,
+               enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+        """Sample (or verify the host drafts of) every row of ``batch`` (the forward's rows or a
+        :meth:`~gpu_engine.core.batch.StepBatch.select` of them, no deferred drafts): per row the
+        committed tokens and an error or None. Advances ``num_cached`` of decode rows."""
         ...
 
     def release_lane(self, lane: int) -> None:

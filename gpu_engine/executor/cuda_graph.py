@@ -1,6 +1,7 @@
 """CudaProgram: decode through CUDA graphs, masks straight from the pinned ring, one read-back per step.
 
-Phases and capture: :mod:`gpu_engine.executor.graph_capture`; buckets:
+Phases and capture: :mod:`gpu_engine.executor.graph_capture`; bucketed prefill:
+:mod:`gpu_engine.executor.graph_prefill`; buckets:
 :mod:`gpu_engine.executor.graph_buckets`.
 
 Per step the host does: one H2D copy of the packed per-row inputs (pinned),
@@ -16,12 +17,13 @@ Padding rows repeat row 0's lane and token at the **scratch position**
 usable positions, so no real row ever writes or attends it); their outputs are ignored.
 Prompts longer than the largest prefill bucket take the eager chunked prefill.
 
-Eager fallbacks (same results, no graphs): speculative steps (drafts) and rows with
+Eager fallbacks (same results, no graphs): speculative steps (drafts; with ``spec_graphs``
+only their masks and verification, the target forward replays a graph) and rows with
 presence/frequency penalties (need per-step output counts). A speculative step with early-exit drafts keeps the draft ids
 on the device (draft-ready overlap, issue 6): drafting kernels → ``non_blocking`` D2H
 copy of the ids into pinned memory → cuda-python ready event → the eager target
 forward over ``[last token] + drafts`` built on the device
-(:meth:`CudaProgram.forward_rows` with ``deferred``); the engine then blocks on the ready
+(:meth:`CudaProgram.forward` of a batch with ``deferred`` drafts); the engine then blocks on the ready
 event only, sends the sidecar its lookahead Step while the forward runs, and verifies.
 
 The class also runs on the CPU with ``use_graphs=False`` (no events, no ring
@@ -31,23 +33,23 @@ bookkeeping against :class:`gpu_engine.executor.eager.Program`.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from ninfer_common.errors import RowError
-from gpu_engine.cuda.transfer import to_device_async
-from gpu_engine.executor.eager import Program, _row_error
+from gpu_engine.executor.eager import Program, _row_error, _slot_of
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
     _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
     batch_buckets, context_buckets, prefill_graph_buckets)
 from gpu_engine.executor.graph_capture import GraphPhases
+from gpu_engine.executor.graph_prefill import GraphPrefill
+from gpu_engine.core.batch import StepBatch
 from gpu_engine.core.request import Request
 
 log = logging.getLogger("ninfer.cuda_program")
 
-class CudaProgram(GraphPhases, Program):
+class CudaProgram(GraphPrefill, GraphPhases, Program):
     """Program with static device buffers, CUDA-graph decode and a registered mask ring.
 
     Args:
@@ -61,6 +63,10 @@ class CudaProgram(GraphPhases, Program):
         graph_context: ``"buckets"`` (a Forward graph per context bucket) or ``"full"``
             (one per batch bucket, attention over ``max_seq_len`` positions).
         timing: record per-step CUDA-event timings into :attr:`step_timings`.
+        prefill_graphs: prefill-graph bucket spec (:func:`prefill_graph_buckets`).
+        spec_graphs: run the target forward of speculative steps through graphs of width
+            ``K_ring + 1`` (the ring's positions; needs a ring with ``K_ring >= 1``), see
+            :mod:`gpu_engine.executor.graph_capture`; off: speculative forwards run eagerly.
 
     Buffers (all allocated here, on ``device``):
         ``logits``: ``[L, V]`` float32, Forward output / Finish input, batch-row order.
@@ -77,7 +83,7 @@ class CudaProgram(GraphPhases, Program):
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device, ring=None,
                  use_graphs: bool = True, graph_context: str = "buckets", timing: bool = True,
-                 prefill_graphs: str | None = None) -> None:
+                 prefill_graphs: str | None = None, spec_graphs: bool = False) -> None:
         super().__init__(model, vocab_size, device)
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = bool(use_graphs and self.is_cuda)
@@ -125,6 +131,7 @@ class CudaProgram(GraphPhases, Program):
             self._pf_zero = torch.zeros(R, dtype=torch.int64, device=dev)
             self._pf_out = torch.zeros(R, V, dtype=torch.float32, device=dev)
         self._fwd_graphs: dict[tuple[int, int], tuple] = {}
+        self._init_spec_graphs(P if spec_graphs else 0)  # static [L, K+1] speculative forward buffers
         self._fin_graphs: dict[tuple[int, bool, bool], tuple] = {}
         self._registration = None
         self._events = None
@@ -156,8 +163,10 @@ class CudaProgram(GraphPhases, Program):
             self._events = None
 
     def release_lane(self, lane: int) -> None:
-        """Forget the lane's owner, so the next request's sampling parameters are uploaded."""
+        """Forget the lane's owner (the next request's sampling parameters are uploaded) and
+        return its KV blocks to the pool."""
         self._lane_owner[lane] = None
+        super().release_lane(lane)
 
     @property
     def ring_registered(self) -> bool:
@@ -201,87 +210,42 @@ class CudaProgram(GraphPhases, Program):
         h[_FIN_ENABLED, b:bb] = 0
         return bb
 
-    def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
-        """Prefill ``rows``; returns ``[n, V]`` float32 last-prompt-position logits.
-
-        Prompts of at most the largest prefill length bucket go through the static prefill
-        phase (a CUDA graph per ``(rows, padded length)`` bucket; eager with the same buffers
-        off CUDA): sorted by length, in groups of at most the largest rows bucket, each group
-        right-padded to its length bucket; a group smaller than its rows bucket is padded with
-        copies of its first row (same lane, ids and positions: identical KV writes). Longer
-        prompts take :meth:`Program._prefill_rows` (eager, chunked). Sets ``r.num_cached``.
-        """
-        if not self.prefill_rows_buckets:
-            return super()._prefill_rows(rows)
-        tmax, rmax = self.prefill_len_buckets[-1], self.prefill_rows_buckets[-1]
-        fit = [i for i, r in enumerate(rows) if 0 < len(r.prompt_ids) <= tmax]
-        if len(fit) > rmax:  # several groups: similar lengths together
-            fit.sort(key=lambda i: len(rows[i].prompt_ids))
-        rest = [i for i, r in enumerate(rows) if not 0 < len(r.prompt_ids) <= tmax]
-        n = len(rows)
-        groups = [fit[k: k + rmax] for k in range(0, len(fit), rmax)]
-        out = None
-        if rest or len(groups) != 1 or fit != list(range(n)):
-            out = torch.empty(n, self.vocab_size, dtype=torch.float32, device=self.device)
-        if rest:
-            out[to_device_async(torch.tensor(rest), self.device)] = super()._prefill_rows([rows[i] for i in rest])
-        hall = self._pf_host.numpy()
-        W = self._pf_T
-        for gi, g in enumerate(groups):
-            lens = [len(rows[i].prompt_ids) for i in g]
-            t = next(x for x in self.prefill_len_buckets if x >= max(lens))
-            rb = next(x for x in self.prefill_rows_buckets if x >= len(g))
-            h = hall[gi * rmax: gi * rmax + rb]
-            h[:, :t] = 0
-            for b, i in enumerate(g):
-                h[b, :lens[b]] = rows[i].prompt_ids
-                h[b, W] = rows[i].lane
-                h[b, W + 1] = lens[b] - 1
-            h[len(g):rb] = h[0]
-            self._pf_in[:rb].copy_(self._pf_host[gi * rmax: gi * rmax + rb], non_blocking=self.is_cuda)
-            self._run(self._pf_graphs, (rb, t), lambda rb=rb, t=t: self._prefill_phase(rb, t))
-            if out is None:
-                out = self._pf_out[:n]  # one group holding every row, in order (valid until the next prefill)
-            elif len(g) == 1:
-                out[g[0]].copy_(self._pf_out[0])
-            else:
-                out[to_device_async(torch.tensor(g), self.device)] = self._pf_out[:len(g)]
-        for r in rows:
-            r.num_cached = len(r.prompt_ids)
-        return out
-
     @staticmethod
-    def _needs_eager(rows: list[Request], drafts: dict[int, list[int]]) -> bool:
-        return any(drafts.get(r.lane) or r.sampling.presence_penalty or r.sampling.frequency_penalty
-                   for r in rows)
+    def _needs_eager(batch: StepBatch) -> bool:
+        return batch.speculative or any(r.sampling.presence_penalty or r.sampling.frequency_penalty
+                                        for r in batch.rows)
 
     # ------------------------------------------------------------ Program API
     @torch.inference_mode()
-    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
-                     deferred: Sequence = ()) -> torch.Tensor:
+    def forward(self, batch: StepBatch) -> torch.Tensor:
         """Launch this step's forward (async on CUDA) and return ``[B, 1, V]`` float32 logits.
 
         The returned tensor is a view of the static ``logits`` buffer, valid until the
-        next step. Speculative steps (host ``drafts`` or device-side ``deferred`` drafts, queued
+        next step. Speculative steps (host drafts or device-side ``batch.deferred`` drafts, queued
         behind the drafting kernels without a host sync) and penalised steps use the eager
-        :meth:`Program.forward_rows`; masks and verification then take the eager path too.
+        :meth:`Program.forward`; masks and verification then take the eager path too.
         """
         self._fwd_rows = None
         self._step_mask_bytes = 0
-        self._eager_step = bool(deferred) or self._needs_eager(rows, drafts)
+        self._eager_step = self._needs_eager(batch)  # masks and sampling / verification eager
         if self._eager_step:
-            return super().forward_rows(rows, drafts, deferred)
+            if batch.speculative and self._spec_graph_fits(batch):
+                return self._spec_forward(batch)  # [B, K_ring + 1, V] from the static buffer
+            return super().forward(batch)
+        rows = batch.rows
         self._record("start")
         self._sync_lane_params(rows)
         b = len(rows)
         h_t = self._i64_host[0]
         h = h_t.numpy()
-        dec = [i for i, r in enumerate(rows) if not (r.num_cached == 0 and not r.output_ids)]
-        pre = [i for i, r in enumerate(rows) if r.num_cached == 0 and not r.output_ids]
+        pf = batch.prefill.tolist()
+        dec = [i for i in range(b) if not pf[i]]
+        pre = [i for i in range(b) if pf[i]]
         nd = len(dec)
         if nd:
             bd = self._bucket_of(nd)
             drows = [rows[i] for i in dec]
+            self.reserve(drows, 1)
             h[_FWD_IDS, :nd] = [r.output_ids[-1] for r in drows]
             h[_FWD_LANES, :nd] = [r.lane for r in drows]
             h[_FWD_POS, :nd] = [r.num_cached for r in drows]
@@ -311,8 +275,8 @@ class CudaProgram(GraphPhases, Program):
         self._num_prefill = len(pre)
         return self.logits[:b].unsqueeze(1)
 
-    def stage_masks(self, ring, slot: int, rows: list[Request]):
-        """Start the upload of ring slot ``slot``'s bitmasks (one async copy on the compute stream).
+    def stage_masks(self, ring, batch: StepBatch):
+        """Start the upload of ring slot ``batch.slot``'s bitmasks (one async copy on the compute stream).
 
         Copies lanes ``0..max(constrained lane)`` of the slot's ``[L, K+1, W]`` uint32
         region from the registered ring into :attr:`words` with ``cudaMemcpyAsync``.
@@ -320,10 +284,14 @@ class CudaProgram(GraphPhases, Program):
 
         Returns:
             ``(RingMask, None, nbytes)``.
+
+        Raises:
+            ValueError: ``batch.slot`` is :data:`~gpu_engine.core.batch.NO_SLOT`.
         """
         if self._eager_step or self._fwd_rows is None:
-            return super().stage_masks(ring, slot, rows)
-        lanes = [r.lane for r in rows if r.constraint is not None]
+            return super().stage_masks(ring, batch)
+        slot = _slot_of(batch)
+        lanes = [r.lane for r in batch.rows if r.constraint is not None]
         n = max(lanes) + 1 if lanes else 0
         geo = ring.geometry
         nbytes = n * geo.num_positions * geo.num_words * 4
@@ -342,19 +310,19 @@ class CudaProgram(GraphPhases, Program):
         return RingMask(nbytes), None, nbytes
 
     @torch.inference_mode()
-    def sample_rows(self, rows: list[Request], logits: torch.Tensor, drafts: dict[int, list[int]],
-                    draft_q: dict, words, status: torch.Tensor | None,
-                    enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+    def sample(self, batch: StepBatch, logits: torch.Tensor, words, status: torch.Tensor | None,
+               enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
         """Launch Finish, wait on the step's done event, return per-row ``(tokens, error)``.
 
-        ``rows`` may be a subset of the forward's rows (rows failed by the sidecar are
-        dropped by the engine); their logits are then gathered eagerly first.
-        ``words`` is the :class:`RingMask` from :meth:`stage_masks` or None (unmasked).
+        ``batch`` may be a :meth:`~gpu_engine.core.batch.StepBatch.select` of the forward's rows
+        (rows failed by the sidecar are dropped by the engine); their logits are then gathered
+        eagerly first. ``words`` is the :class:`RingMask` from :meth:`stage_masks` or None (unmasked).
         """
         if self._eager_step or self._fwd_rows is None:
             if isinstance(words, RingMask):  # cannot happen: stage_masks was eager too
                 raise RuntimeError("RingMask passed to an eager step")
-            return super().sample_rows(rows, logits, drafts, draft_q, words, status, enabled)
+            return super().sample(batch, logits, words, status, enabled)
+        rows = batch.rows
         b = len(rows)
         fwd = self._fwd_rows
         self._fwd_rows = None

@@ -15,6 +15,7 @@ import torch
 
 from gpu_engine.cuda.transfer import to_device_async  # noqa: F401 - re-exported for the executors
 from ninfer_common.errors import RowError, Status
+from gpu_engine.core.batch import NO_SLOT, StepBatch
 from gpu_engine.core.request import Request
 from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
 
@@ -30,6 +31,12 @@ def _row_error(code: int) -> RowError:
     if code == SAMPLE_ERR_NONFINITE:
         return RowError("NonFiniteLogits", "the model produced non-finite logits", status=Status.INTERNAL)
     return RowError("SamplingError", f"sampling error code {code}", status=Status.INTERNAL)
+
+
+def _slot_of(batch: StepBatch) -> int:
+    if batch.slot == NO_SLOT:
+        raise ValueError("stage_masks: the step batch has no ring slot (NO_SLOT)")
+    return batch.slot
 
 
 class Program:
@@ -50,30 +57,60 @@ class Program:
         self.device = device
         self.max_lanes = model.max_lanes
         self.max_seq_len = model.max_seq_len
+        self._kv_reserve = getattr(model, "reserve", None)  # paged KV cache (test doubles may have none)
+        self._kv_release = getattr(model, "release", None)
+
+    def reserve(self, rows: Sequence[Request], t: int) -> None:
+        """Reserve KV blocks so each row can write ``t`` positions past ``r.num_cached``.
+
+        Called before every forward that writes KV (prefill pieces with their padding, decode and
+        verify rows, draft passes). Host-only unless a lane crosses a block boundary (then one
+        small block-table copy, stream-ordered before the forward).
+
+        Raises:
+            gpu_engine.model.kv_cache.KVCacheFull: the block pool is exhausted.
+        """
+        if self._kv_reserve is None:
+            return
+        cap = self.model.max_seq_len
+        for r in rows:
+            self._kv_reserve(r.lane, min(cap, r.num_cached + t))
 
     def release_lane(self, lane: int) -> None:
-        """Forget a lane's KV (nothing to do: positions are overwritten by the next owner)."""
+        """Return the lane's KV blocks to the pool (the next owner reserves its own)."""
+        if self._kv_release is not None:
+            self._kv_release(lane)
 
     def close(self) -> None:
         """Release device-side resources tied to the ring (nothing on the CPU). Call before the ring closes."""
 
-    def stage_masks(self, ring, slot: int, rows: list[Request]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """This step's bitmasks and statuses for ``rows``, read from ring slot ``slot``.
+    def stage_masks(self, ring, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """This step's bitmasks and statuses for the batch's rows, read from ring slot ``batch.slot``.
 
         Args:
             ring: the engine's :class:`shared_memory.ring.MaskRing` (slot already checked).
-            rows: the step's rows (lane order as given).
+            batch: the step's rows (row order as given) and ring slot.
 
         Returns:
-            ``words``: ``[B, K+1, W]`` int32 CPU (a copy, rows in ``rows`` order);
+            ``words``: ``[B, K+1, W]`` int32 CPU (a copy, rows in batch order);
             ``status``: ``[B, K+1]`` uint8 CPU; ``nbytes``: bytes of ``words`` (mask H2D volume).
+
+        Raises:
+            ValueError: ``batch.slot`` is :data:`~gpu_engine.core.batch.NO_SLOT`.
         """
-        lanes = [r.lane for r in rows]
+        slot = _slot_of(batch)
+        lanes = batch.lanes.numpy()
         words_np = ring.bitmask(slot)[lanes]  # [B, K+1, W] uint32 (copy: fancy indexing)
         status_np = ring.status(slot)[lanes]  # [B, K+1] uint8
         return torch.from_numpy(words_np.view(np.int32)), torch.from_numpy(status_np), words_np.nbytes
 
     def _bucket(self, n: int) -> int:
+        """Attention span for ``n`` positions. Eager forwards need no shape buckets (no graphs): ``n``
+        rounded up to the paged cache's block size, so a short sequence gathers and attends over
+        ``ceil(n / block)`` blocks instead of a 128-position bucket."""
+        blk = getattr(getattr(self.model, "kv", None), "block_size", 0)
+        if blk:
+            return min(-(-n // blk) * blk, self.model.max_seq_len)
         from gpu_engine.model.llama import context_bucket
 
         return context_bucket(n, self.max_seq_len)
@@ -93,6 +130,7 @@ class Program:
         seq = [r.output_ids[-1]] + list(ids[:-1])
         if r.num_cached + len(seq) + 1 > self.max_seq_len:
             raise ValueError(f"no room for {len(ids)} forced tokens at position {r.num_cached}")
+        self.reserve([r], len(seq))  # paged KV: make the forced positions writable first
         dev = self.device
         self.model.forward(torch.tensor([seq], dtype=torch.int64, device=dev),
                            torch.tensor([r.lane], dtype=torch.int64, device=dev),
@@ -101,57 +139,55 @@ class Program:
         r.num_cached += len(seq)
 
     @torch.inference_mode()
-    def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
-                     deferred: Sequence = ()) -> torch.Tensor:
+    def forward(self, batch: StepBatch) -> torch.Tensor:
         """Forward this step's rows.
 
-        Prefill rows (nothing cached yet) run their prompt (batched, :meth:`_prefill_rows`; sets
+        Prefill rows (``batch.prefill``) run their prompt (batched, :meth:`_prefill_rows`; sets
         ``r.num_cached``); decode rows run ``[last token] + drafts``. Drafts come from the host
-        (``drafts``) or are still on the device (``deferred``, the draft-ready overlap): their ids
-        are scattered into the uploaded input on the device, so queueing this forward never waits
-        for them (on CUDA the inputs go up from pinned memory, ``non_blocking``).
+        (``batch.drafts``) or are still on the device (``batch.deferred``, the draft-ready overlap):
+        their ids are scattered into the uploaded input on the device, so queueing this forward never
+        waits for them (on CUDA the inputs go up from pinned memory, ``non_blocking``).
 
         Args:
-            rows: this step's rows.
-            drafts: lane -> host draft ids (e.g. n-gram rows).
-            deferred: :class:`gpu_engine.spec.drafters.DeviceDrafts` whose ``ids [b, kmax]`` int64 are
-                device tensors not yet read back (their lanes are not in ``drafts``); row ``i`` of
-                one has exactly ``ks[i]`` drafts (``-1`` padding).
+            batch: this step's :class:`~gpu_engine.core.batch.StepBatch`. A deferred
+                :class:`gpu_engine.spec.drafters.DeviceDrafts` has ``ids [b, kmax]`` int64 device
+                tensors not yet read back; its row ``i`` has exactly ``ks[i]`` drafts (``-1`` padding).
 
         Returns:
-            ``[B, T, V]`` float32 logits on the device, ``T = 1 + max drafts``; prefill rows fill
+            ``[B, T, V]`` float32 logits on the device, ``T = 1 + batch.max_drafts``; prefill rows fill
             position 0 only (the prompt's last position), unused columns are 0 (finite placeholders).
         """
         dev = self.device
-        dmap: dict[int, tuple] = {}  # lane -> (DeviceDrafts, row index in it, k)
-        for dd in deferred:
-            for j, (r, k) in enumerate(zip(dd.rows, dd.ks)):
-                dmap[r.lane] = (dd, j, k)
-
-        def n_drafts(r: Request) -> int:
-            return dmap[r.lane][2] if r.lane in dmap else len(drafts.get(r.lane, ()))
-
-        T = 1 + max((n_drafts(r) for r in rows), default=0)
-        pre_idx = [i for i, r in enumerate(rows) if r.num_cached == 0 and not r.output_ids]
-        dec_idx = [i for i, r in enumerate(rows) if not (r.num_cached == 0 and not r.output_ids)]
+        rows = batch.rows
+        dmap: dict[int, tuple] = {}  # lane -> (DeviceDrafts, row index in it)
+        for dd in batch.deferred:
+            for j, r in enumerate(dd.rows):
+                dmap[r.lane] = (dd, j)
+        nd = batch.num_drafts.tolist()
+        T = 1 + max(nd, default=0)
+        pre = batch.prefill.tolist()
+        pre_idx = [i for i in range(len(rows)) if pre[i]]
+        dec_idx = [i for i in range(len(rows)) if not pre[i]]
         # a padded row must not write past its lane's context: such rows run alone with their own T
         groups: list[tuple[list[int], int]] = []
         tight = [i for i in dec_idx if rows[i].num_cached + T > self.max_seq_len]
         main = [i for i in dec_idx if rows[i].num_cached + T <= self.max_seq_len]
         if main:
             groups.append((main, T))
-        groups += [([i], 1 + n_drafts(rows[i])) for i in tight]
+        groups += [([i], 1 + nd[i]) for i in tight]
         parts: list[tuple[list[int], torch.Tensor]] = []
         for idx, t in groups:
             grp = [rows[i] for i in idx]
+            self.reserve(grp, t)
             ids = torch.zeros(len(grp), t, dtype=torch.int64)
-            for j, r in enumerate(grp):
-                seq = [r.output_ids[-1]] + ([] if r.lane in dmap else list(drafts.get(r.lane, ())))
-                ids[j, : len(seq)] = torch.tensor(seq)
+            ids[:, 0] = torch.tensor([r.output_ids[-1] for r in grp])
+            sel = torch.tensor(idx)
+            if t > 1:  # host drafts; -1 padding (and deferred rows' -1 ids) -> token 0 (ignored)
+                ids[:, 1:] = batch.drafts.index_select(0, sel)[:, : t - 1].clamp_min(0)
             lanes = torch.tensor([r.lane for r in grp], dtype=torch.int64)
             start = torch.tensor([r.num_cached for r in grp], dtype=torch.int64)
             ids_d = to_device_async(ids, self.device)
-            for dd in deferred:  # scatter device-side drafts into columns 1 .. k
+            for dd in batch.deferred:  # scatter device-side drafts into columns 1 .. k
                 pairs = [(j, dmap[r.lane][1]) for j, r in enumerate(grp) if r.lane in dmap and dmap[r.lane][0] is dd]
                 if not pairs:
                     continue
@@ -214,6 +250,9 @@ class Program:
             groups.append(cur)
             for g in groups:
                 T = g[-1][0]
+                for _, j in g:  # the piece and its right padding (never past the lane's last position)
+                    if self._kv_reserve is not None:
+                        self._kv_reserve(rows[j].lane, min(cap, done[j] + T))
                 # ids | lane | start | logit index, packed: one (pinned, non-blocking) H2D copy
                 pk = torch.zeros(len(g), T + 3, dtype=torch.int64)
                 for b, (ln, j) in enumerate(g):
@@ -259,13 +298,14 @@ class Program:
             seed=[s.seed for s in sp], output_counts=counts, device=self.device)
 
     @torch.inference_mode()
-    def sample_rows(self, rows: list[Request], logits: torch.Tensor, drafts: dict[int, list[int]],
-                    draft_q: dict, words: torch.Tensor | None, status: torch.Tensor | None,
-                    enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+    def sample(self, batch: StepBatch, logits: torch.Tensor, words: torch.Tensor | None,
+               status: torch.Tensor | None, enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
         """Sample (or verify drafts for) every row.
 
         Args:
-            logits: ``[B, T, V]`` float32 from :meth:`forward_rows`.
+            batch: the rows (the forward's, or a :meth:`~gpu_engine.core.batch.StepBatch.select` of
+                them) with their host drafts and q (no deferred drafts left).
+            logits: ``[B, T, V]`` float32 from :meth:`forward`.
             words: ``[B, K+1, W]`` int32 bitmask (CPU, from the ring) or None for a pure
                 unconstrained step.
             status: ``[B, K+1]`` uint8 per-position statuses or None.
@@ -275,16 +315,18 @@ class Program:
             Per row: the committed tokens of this step and an error (or None).
             Updates ``r.num_cached`` for decode rows (input token + accepted drafts).
         """
+        rows = batch.rows
         st = self.sampling_tensors(rows)
-        if any(drafts.get(r.lane) for r in rows):
+        if batch.speculative:
             from gpu_engine.spec.step import verify_rows
 
-            return verify_rows(self, rows, logits, drafts, draft_q, words, status, enabled, st)
+            return verify_rows(self, batch, logits, words, status, enabled, st)
         w0 = None if words is None else words[:, 0].to(self.device, non_blocking=True)
         en = None if enabled is None else enabled.to(self.device, non_blocking=True)
         positions = torch.tensor([len(r.output_ids) for r in rows], dtype=torch.int64, device=self.device)
         tokens, err = sample(logits[:, 0], st, w0, en, positions)
-        tokens, err = tokens.tolist(), err.tolist()
+        packed = torch.stack([tokens.to(torch.int64), err.to(torch.int64)]).tolist()  # the step's one read-back: [2][B]
+        tokens, err = packed[0], packed[1]
         out = []
         for r, t, e in zip(rows, tokens, err):
             if r.output_ids:  # decode row: its input token is now in the KV cache

@@ -9,6 +9,14 @@ A decode step is two captured phases with the mask upload between them:
   of the ring slot; ``enabled`` flag per row) -> the ordinary
   :func:`gpu_engine.sample.sampler.sample` -> tokens and error codes into ``[2, L]`` int64.
 
+* **Speculative Forward** graph per ``(batch bucket, context bucket)`` at the fixed width
+  ``T = K_ring + 1`` (only with ``spec_graphs``): static ``[L, T]`` ids (``[last token] + drafts``,
+  0-padded; deferred device-side draft ids scattered in on the device before the launch) ->
+  model forward -> ``spec_logits [L, T, V]``. Padding rows copy row 0 (same lane, ids and
+  positions: identical KV writes). Masks and verification of such a step stay eager
+  (:func:`gpu_engine.spec.step.verify_rows`). A step with a row whose ``num_cached + T`` passes
+  ``max_seq_len``, or with more than ``K_ring`` drafts, takes the eager forward.
+
 Prefill rows run between Forward and Finish through **prefill graphs**, one per
 ``(rows, padded prompt length)`` bucket, captured at start-up in the same memory pool:
 static ``[R, T + 2]`` int64 inputs (ids | lane | logit index), ``logit_index`` gathered
@@ -25,6 +33,7 @@ import time
 
 import torch
 
+from gpu_engine.cuda.transfer import to_device_async
 from gpu_engine.executor.graph_buckets import _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS
 from gpu_engine.model.llama import context_bucket
 from gpu_engine.sample.sampler import SamplingTensors, sample
@@ -45,6 +54,88 @@ class GraphPhases:
         ids = self._i64[_FWD_IDS, :b].unsqueeze(1)
         out = self.model.forward(ids, self._i64[_FWD_LANES, :b], self._i64[_FWD_POS, :b], max_context=ctx)
         self.logits[:b].copy_(out[:, 0])
+
+    def _spec_forward_phase(self, b: int, ctx: int) -> None:
+        """Speculative forward of bucket ``b`` at context ``ctx``: static ``_spec_ids[:b]`` (``[b, T]``),
+        lanes and positions → ``spec_logits[:b]`` (``[b, T, V]`` float32)."""
+        out = self.model.forward(self._spec_ids[:b], self._i64[_FWD_LANES, :b], self._i64[_FWD_POS, :b], max_context=ctx)
+        self.spec_logits[:b].copy_(out)
+
+    def _init_spec_graphs(self, spec_t: int) -> None:
+        """Static buffers of the speculative Forward phase at width ``spec_t`` (``K_ring + 1``; < 2 = off)."""
+        self.spec_t = spec_t if spec_t > 1 else 0
+        self._spec_graphs: dict[tuple[int, int], tuple] = {}
+        if self.spec_t:
+            L, dev = self.max_lanes, self.device
+            self._spec_ids = torch.zeros(L, self.spec_t, dtype=torch.int64, device=dev)
+            self._spec_ids_host = torch.zeros(L, self.spec_t, dtype=torch.int64, pin_memory=self.is_cuda)
+            self.spec_logits = torch.zeros(L, self.spec_t, self.vocab_size, dtype=torch.float32, device=dev)
+
+    def _spec_graph_fits(self, batch) -> bool:
+        """True when ``batch`` (speculative) can take the speculative Forward phase."""
+        t = self.spec_t
+        return bool(t) and batch.max_drafts < t and not any(
+            r.num_cached + t > self.max_seq_len for r, p in zip(batch.rows, batch.prefill.tolist()) if not p)
+
+    def _spec_forward(self, batch) -> torch.Tensor:
+        """The speculative Forward phase for ``batch`` (decode rows; prefill rows through
+        :meth:`_prefill_rows`, column 0): ``[B, T, V]`` float32 logits, a view of ``spec_logits``
+        valid until the next step (columns past a row's drafts, and of prefill rows past 0, are
+        not meaningful)."""
+        rows, t, dev = batch.rows, self.spec_t, self.device
+        b = len(rows)
+        pf = batch.prefill.tolist()
+        dec = [i for i in range(b) if not pf[i]]
+        pre = [i for i in range(b) if pf[i]]
+        nd = len(dec)
+        if nd:
+            bd = self._bucket_of(nd)
+            drows = [rows[i] for i in dec]
+            self.reserve(drows, t)  # the padded columns write KV too (overwritten before they are read)
+            h = self._i64_host[0].numpy()
+            sel = torch.tensor(dec)
+            ids = self._spec_ids_host
+            ids[:nd, 0] = torch.tensor([r.output_ids[-1] for r in drows])
+            ids[:nd, 1:] = 0
+            k = batch.max_drafts
+            if k:
+                ids[:nd, 1: 1 + k] = batch.drafts.index_select(0, sel).clamp_min(0)  # -1 / deferred -> 0
+            ids[nd:bd] = ids[0]
+            h[_FWD_LANES, :nd] = [r.lane for r in drows]
+            h[_FWD_POS, :nd] = [r.num_cached for r in drows]
+            h[_FWD_LANES, nd:bd] = h[_FWD_LANES, 0]
+            h[_FWD_POS, nd:bd] = h[_FWD_POS, 0]
+            self._i64.copy_(self._i64_host[0], non_blocking=self.is_cuda)
+            self._spec_ids[:bd].copy_(ids[:bd], non_blocking=self.is_cuda)
+            if self._scatter_deferred(batch, dec) and bd > nd:  # padding rows copy row 0 with its drafts
+                self._spec_ids[nd:bd].copy_(self._spec_ids[:1].expand(bd - nd, -1))
+            ctx = self._ctx_of(max(r.num_cached for r in drows) + t)
+            self._run(self._spec_graphs, (bd, ctx), lambda: self._spec_forward_phase(bd, ctx))
+        if pre:
+            pl = self._prefill_rows([rows[i] for i in pre])  # [np, V] float32
+            if nd:
+                out = torch.zeros(b, t, self.vocab_size, dtype=torch.float32, device=dev)
+                out.index_copy_(0, to_device_async(torch.tensor(dec), dev), self.spec_logits[:nd])
+                out[to_device_async(torch.tensor(pre), dev), 0] = pl
+                return out
+            return pl.unsqueeze(1)
+        return self.spec_logits[:b]
+
+    def _scatter_deferred(self, batch, dec: list[int]) -> bool:
+        """Device-side draft ids of ``batch.deferred`` into columns ``1..k`` of ``_spec_ids`` (no host
+        sync); True when any were scattered."""
+        if not batch.deferred:
+            return False
+        pos = {int(batch.lanes[i]): j for j, i in enumerate(dec)}  # lane -> row of _spec_ids
+        for dd in batch.deferred:
+            pairs = [(pos[r.lane], j) for j, r in enumerate(dd.rows) if r.lane in pos]
+            if not pairs:
+                continue
+            kk = min(dd.ids.shape[1], self.spec_t - 1)
+            src = dd.ids.index_select(0, to_device_async(torch.tensor([j for _, j in pairs]), self.device))
+            dst = to_device_async(torch.tensor([a for a, _ in pairs]), self.device)
+            self._spec_ids[:, 1: 1 + kk].index_copy_(0, dst, src[:, :kk].clamp_min(0))
+        return True
 
     def _prefill_phase(self, r: int, t: int) -> None:
         """Prefill of ``r`` rows right-padded to ``t`` tokens from position 0: static ``_pf_in``
@@ -103,6 +194,17 @@ class GraphPhases:
                     with torch.cuda.stream(self._capture_stream):
                         fn()
                     self._fin_graphs[(b, masked, filters)] = self._capture(fn)
+        if self.spec_t:  # T positions from position 0 of lane 0 (nothing is resident at start-up)
+            self._i64[_FWD_POS].zero_()
+            self._spec_ids.zero_()
+            for b in reversed(self.batch_buckets):
+                for ctx in self.context_buckets:
+                    if ctx < self.spec_t:
+                        continue
+                    fn = lambda b=b, ctx=ctx: self._spec_forward_phase(b, ctx)  # noqa: E731
+                    with torch.cuda.stream(self._capture_stream):
+                        fn()
+                    self._spec_graphs[(b, ctx)] = self._capture(fn)
         if self.prefill_rows_buckets:
             torch.cuda.synchronize(self.device)
             t0, m0 = time.perf_counter(), torch.cuda.memory_reserved(self.device)
@@ -118,6 +220,7 @@ class GraphPhases:
             self.prefill_graph_pool_bytes = torch.cuda.memory_reserved(self.device) - m0
         torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
         torch.cuda.synchronize(self.device)
+        log.info("captured %d speculative forward (T=%d) CUDA graphs", len(self._spec_graphs), self.spec_t)
         log.info("captured %d forward, %d finish and %d prefill CUDA graphs (batch buckets %s, context buckets %s, "
                  "prefill rows %s x lengths %s: %.2fs, +%.0f MiB reserved)",
                  len(self._fwd_graphs), len(self._fin_graphs), len(self._pf_graphs), self.batch_buckets,

@@ -1,7 +1,7 @@
-"""Llama-family decoder (Llama, Qwen2, Qwen3) with a static per-lane KV cache.
+"""Llama-family decoder (Llama, Qwen2, Qwen3) with a paged KV cache.
 
-A *lane* is a resident batch slot: each lane owns rows ``[:, lane]`` of the KV
-cache and holds one sequence. ``forward`` takes any set of lanes, each with its
+A *lane* is a resident batch slot: each lane holds one sequence, its KV in blocks of
+the paged cache (:mod:`gpu_engine.model.kv_cache`) found through its block-table row. ``forward`` takes any set of lanes, each with its
 own start position, so prefill (one lane, long T), batched decode (B lanes,
 T=1) and speculative verification (B lanes, T=K+1) are the same call.
 
@@ -21,6 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_engine.model.config import ModelConfig
+from gpu_engine.model.kv_cache import DEFAULT_BLOCK_SIZE, PagedKVCache
+from gpu_engine.model.paged_attention import paged_attention_reference, paged_attention_triton
+
+# Attention backends: "reference" = gather a layer's blocks + SDPA (CPU default, and prefill);
+# "triton" = the paged decode kernel for rows of at most TRITON_MAX_T tokens (CUDA default).
+ATTENTION_BACKENDS = ("auto", "reference", "triton")
+TRITON_MAX_T = 16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,16 +82,20 @@ def context_bucket(n: int, max_seq_len: int, granularity: int = 128) -> int:
 
 
 class LlamaModel(nn.Module):
-    """Decoder-only transformer with a static KV cache.
+    """Decoder-only transformer with a paged KV cache.
 
-    Buffers:
-        k_cache, v_cache: ``[num_layers, max_lanes, num_kv_heads, max_seq_len, head_dim]``
-            in the model dtype, on the model device; allocated once.
-        rope_cos, rope_sin: ``[max_seq_len, head_dim]`` float32.
+    Attributes:
+        kv: the :class:`PagedKVCache` (pool ``[num_layers, nkv, num_blocks + 1, block_size, hd]``
+            in the model dtype, block table ``[max_lanes, ceil(max_seq_len / block_size)]``);
+            allocated once. Callers reserve positions (``kv.reserve(lane, n)``) before a forward
+            writes them and release a lane when its request ends.
+        attention: ``"reference"`` or ``"triton"`` (``"auto"`` = triton on CUDA when it imports).
+        rope_cos, rope_sin: ``[max_seq_len, head_dim]`` float32 buffers.
     """
 
     def __init__(self, config: ModelConfig, *, device: torch.device | str, dtype: torch.dtype,
-                 max_lanes: int, max_seq_len: int) -> None:
+                 max_lanes: int, max_seq_len: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 num_blocks: int | None = None, attention: str = "auto") -> None:
         super().__init__()
         c = self.config = config
         self.max_lanes, self.max_seq_len = int(max_lanes), int(max_seq_len)
@@ -113,15 +124,15 @@ class LlamaModel(nn.Module):
             layer.down = param(H, c.intermediate_size)
             self.layers.append(layer)
 
-        cache_shape = (c.num_layers, self.max_lanes, c.num_kv_heads, self.max_seq_len, hd)
-        self.register_buffer("k_cache", torch.zeros(cache_shape, **kw), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(cache_shape, **kw), persistent=False)
+        self.kv = PagedKVCache(c.num_layers, c.num_kv_heads, hd, max_lanes=self.max_lanes,
+                               max_seq_len=self.max_seq_len, block_size=block_size, num_blocks=num_blocks,
+                               device=self.device, dtype=dtype)
+        self.set_attention(attention)
         inv = rope_inv_freq(c)
         ang = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64), inv)
         ang = torch.cat((ang, ang), dim=-1)
         self.register_buffer("rope_cos", ang.cos().float().to(self.device), persistent=False)
         self.register_buffer("rope_sin", ang.sin().float().to(self.device), persistent=False)
-        self._kv_head_offsets = torch.arange(c.num_kv_heads, device=self.device)
 
     # ------------------------------------------------------------- weights
     @torch.no_grad()
@@ -178,10 +189,42 @@ class LlamaModel(nn.Module):
             else:
                 p.normal_(0.0, std, generator=g)
 
+    def set_attention(self, attention: str) -> None:
+        """Choose the attention implementation: ``"auto"`` (the Triton paged kernel for decode/verify
+        rows on CUDA when triton imports, gather + SDPA otherwise), ``"reference"`` or ``"triton"``.
+        Set before CUDA graphs are captured (graphs keep the implementation they captured).
+
+        Raises:
+            ValueError: an unknown name, or ``"triton"`` off CUDA (outside ``TRITON_INTERPRET=1``).
+        """
+        import os
+
+        from gpu_engine.model.paged_attention import triton_available
+
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
+        if attention == "auto":
+            attention = "triton" if self.device.type == "cuda" and triton_available() else "reference"
+        elif attention == "triton" and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+        self.attention = attention
+
     def reset_cache(self) -> None:
-        """Zero the whole KV cache (never needed for correctness: unwritten positions are masked)."""
-        self.k_cache.zero_()
-        self.v_cache.zero_()
+        """Zero the whole KV pool (never needed for correctness: unwritten positions are masked)."""
+        self.kv.k.zero_()
+        self.kv.v.zero_()
+
+    def reserve(self, lane: int, num_positions: int) -> None:
+        """Make positions ``[0, num_positions)`` of ``lane`` writable (see :meth:`PagedKVCache.reserve`).
+
+        Raises:
+            KVCacheFull: the block pool is exhausted.
+        """
+        self.kv.reserve(lane, num_positions)
+
+    def release(self, lane: int) -> None:
+        """Return ``lane``'s KV blocks to the pool."""
+        self.kv.release(lane)
 
     # ------------------------------------------------------------- forward
     @torch.inference_mode()
@@ -192,7 +235,9 @@ class LlamaModel(nn.Module):
 
         Token ``t`` of row ``b`` sits at position ``start_pos[b] + t`` of lane
         ``lanes[b]``; it attends to positions ``<= start_pos[b] + t`` of that lane
-        only (earlier positions must have been written by earlier calls).
+        only (earlier positions must have been written by earlier calls). The positions
+        written must have been reserved (``reserve``); an unreserved position is written to
+        the trash block (harmless for padding rows, wrong for rows whose output is used).
 
         Args:
             input_ids: ``[B, T]`` int64 token ids, model device.
@@ -225,11 +270,9 @@ class LlamaModel(nn.Module):
         pos = start_pos[:, None] + torch.arange(T, device=input_ids.device)          # [B, T]
         cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                      # [B, T, 1, hd]
         sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
-        # flat row of (lane, kv_head, pos) in a layer's cache viewed as [max_lanes*nkv*S, hd]
-        write_idx = ((lanes[:, None, None] * nkv + self._kv_head_offsets[None, :, None]) * S
-                     + pos[:, None, :]).reshape(-1)                                  # [B*nkv*T]
-        key_pos = torch.arange(ctx, device=input_ids.device)
-        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]                  # [B, 1, T, ctx] bool
+        kv = self.kv
+        slots = kv.slots(lanes, pos)                                                 # [B*T] pool slots
+        use_kernel = self.attention == "triton" and T <= TRITON_MAX_T
 
         x = F.embedding(input_ids, self.embed)                                       # [B, T, H]
         for li in range(L):
@@ -244,15 +287,15 @@ class LlamaModel(nn.Module):
                 k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            q = q.transpose(1, 2)                                                    # [B, nh, T, hd]
-            kc = self.k_cache[li]                                                    # [lanes, nkv, S, hd]
-            vc = self.v_cache[li]
-            kc.view(-1, hd).index_copy_(0, write_idx, k.transpose(1, 2).reshape(-1, hd))
-            vc.view(-1, hd).index_copy_(0, write_idx, v.view(B, T, nkv, hd).transpose(1, 2).reshape(-1, hd))
-            keys = kc[lanes, :, :ctx]                                                # [B, nkv, ctx, hd]
-            vals = vc[lanes, :, :ctx]
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
-            o = o.transpose(1, 2).reshape(B, T, self.q_size)
+            kp, vp = kv.k[li], kv.v[li]                                              # [nkv, NB+1, bs, hd]
+            kp.view(nkv, -1, hd).index_copy_(1, slots, k.permute(2, 0, 1, 3).reshape(nkv, B * T, hd))
+            vp.view(nkv, -1, hd).index_copy_(1, slots, v.view(B, T, nkv, hd).permute(2, 0, 1, 3).reshape(nkv, B * T, hd))
+            if use_kernel:
+                o = paged_attention_triton(q, kp, vp, kv.block_table, lanes, start_pos, ctx)   # [B, T, nh, hd]
+            else:
+                o = paged_attention_reference(q.transpose(1, 2), kp, vp, kv.block_table, lanes, pos, ctx)
+                o = o.transpose(1, 2)
+            o = o.reshape(B, T, self.q_size)
             x = x + F.linear(o, layer.o)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
@@ -267,10 +310,16 @@ class LlamaModel(nn.Module):
 
 def build_model(config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 max_lanes: int = 8, max_seq_len: int = 2048,
-                weights: None | str | dict[str, torch.Tensor] = None, seed: int = 0) -> LlamaModel:
-    """Allocate a :class:`LlamaModel` and its KV cache.
+                weights: None | str | dict[str, torch.Tensor] = None, seed: int = 0,
+                block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
+                attention: str = "auto") -> LlamaModel:
+    """Allocate a :class:`LlamaModel` and its paged KV cache.
 
     Args:
+        block_size, num_blocks: KV pool geometry (:class:`PagedKVCache`; ``num_blocks=None`` =
+            every lane can reach ``max_seq_len``).
+        attention: ``"auto"`` (Triton paged kernel on CUDA, gather + SDPA elsewhere),
+            ``"reference"`` or ``"triton"``.
         weights: ``None`` (uninitialised, load later with ``load_weights``),
             ``"random"`` (N(0, 0.02), for benchmarks — say so in every figure), or
             a dict of Hugging Face–named tensors.
@@ -281,7 +330,8 @@ def build_model(config: ModelConfig, device: torch.device | str = "cpu", dtype: 
     """
     if max_lanes <= 0 or max_seq_len <= 0:
         raise ValueError(f"max_lanes and max_seq_len must be positive, got {max_lanes}, {max_seq_len}")
-    model = LlamaModel(config, device=device, dtype=dtype, max_lanes=max_lanes, max_seq_len=max_seq_len)
+    model = LlamaModel(config, device=device, dtype=dtype, max_lanes=max_lanes, max_seq_len=max_seq_len,
+                       block_size=block_size, num_blocks=num_blocks, attention=attention)
     if isinstance(weights, str):
         if weights != "random":
             raise ValueError(f"weights must be None, 'random' or a dict, got {weights!r}")

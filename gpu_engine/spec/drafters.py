@@ -138,7 +138,7 @@ class DeviceDrafts:
     ``non_blocking`` copy of the ``[B, kmax]`` ids into a pinned host buffer, then records
     a cuda-python event (:class:`gpu_engine.cuda.Event`) after that copy; it returns
     without waiting. The engine queues the target forward with :attr:`ids` (device side,
-    ``[last token] + drafts`` built on the device: ``Program.forward_rows(..., deferred)``),
+    ``[last token] + drafts`` built on the device: ``Program.forward(batch)``, ``batch.deferred``),
     and only then calls :meth:`wait` — the host blocks on the event, not on the forward —
     and :meth:`proposals` to read the ids for the sidecar's lookahead Step and for
     verification. On the CPU (eager) there is no event: everything already ran, the
@@ -232,6 +232,8 @@ class EarlyExitDrafter(Drafter):
         dev = prog.device
         b = len(rows)
         kmax = max(ks)
+        if hasattr(prog, "reserve"):  # paged KV: the draft passes write positions num_cached .. + kmax - 1
+            prog.reserve(rows, kmax)
         cur = _h2d([r.output_ids[-1] for r in rows], torch.int64, dev)  # [B]
         lanes = _h2d([r.lane for r in rows], torch.int64, dev)          # [B]
         start = _h2d([r.num_cached for r in rows], torch.int64, dev)    # [B] positions

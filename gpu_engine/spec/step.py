@@ -2,8 +2,9 @@
 
 The engine's ``_step_rows`` ran ``[last token] + drafts`` for every decode row
 (``T = 1 + max drafts``) and collected the sidecar's lookahead masks
-(``K_ring + 1`` positions per lane). :func:`verify_rows` turns that into the
-padded tensors :func:`gpu_engine.spec.verify.verify` takes, verifies the rows
+(``K_ring + 1`` positions per lane). :func:`verify_rows` takes the step's
+:class:`gpu_engine.core.batch.StepBatch` (drafts ``[B, K]`` padded with -1, sparse q)
+and hands the rows with drafts to :func:`gpu_engine.spec.verify.verify`, verifies the rows
 that have drafts, samples position 0 of the rows that have none (ordinary
 masked sampling with :attr:`Purpose.SAMPLE`, so a request's random stream does
 not depend on whether a neighbour speculates), and maps the result to the
@@ -22,7 +23,7 @@ from dataclasses import fields
 import torch
 
 from ninfer_common.errors import RowError, Status
-from gpu_engine.core.request import Request
+from gpu_engine.core.batch import StepBatch
 from gpu_engine.sample.sampler import SAMPLE_OK, SamplingTensors, sample
 from gpu_engine.spec.verify import (
     STATUS_READY,
@@ -61,10 +62,8 @@ def select_rows(st: SamplingTensors, idx: torch.Tensor) -> SamplingTensors:
 @torch.inference_mode()
 def verify_rows(
     program,
-    rows: list[Request],
+    batch: StepBatch,
     logits: torch.Tensor,
-    drafts: dict[int, list[int]],
-    draft_q: dict[int, tuple[torch.Tensor, torch.Tensor]],
     words: torch.Tensor | None,
     status: torch.Tensor | None,
     enabled: torch.Tensor | None,
@@ -75,13 +74,13 @@ def verify_rows(
     Args:
         program: the engine's program; ``program.device`` and ``program.eos_ids``
             (tuple of ints, set by the engine) are read.
-        rows: this step's live rows (``B``), in the order of ``logits``.
-        logits: ``[B, T, V]`` float32 from ``forward_rows``; column ``i`` of a decode
+        batch: this step's live rows (``B``), in the order of ``logits``, with their host drafts
+            (``batch.drafts [B, K]`` int32, -1 padded; ``batch.num_drafts [B]``; at most ``T - 1``
+            each) and q (``batch.draft_q``: sparse ``(q_ids [B, K, S], q_probs [B, K, S])`` or None =
+            one-hot); no deferred drafts left (:meth:`StepBatch.with_drafts`).
+        logits: ``[B, T, V]`` float32 from ``forward``; column ``i`` of a decode
             row is the target after prefix + ``drafts[:i]``. Prefill rows and rows
             with ``n < T - 1`` drafts only have meaningful columns ``0 .. n``.
-        drafts: lane → draft ids (absent or ``[]`` = none; at most ``T - 1``).
-        draft_q: lane → ``(q_ids [n, S] int64, q_probs [n, S] float32)`` for rows whose
-            drafter has a sparse ``q``; rows not in it have a one-hot ``q``.
         words: ``[B, P, W]`` int32 lookahead bitmasks (CPU, ring copy; ``P = K_ring + 1
             >= T``) or None when no row is constrained.
         status: ``[B, P]`` uint8 statuses (READY / DEAD_END / UNREACHABLE), or None (then
@@ -99,10 +98,15 @@ def verify_rows(
         ``FAILED_PRECONDITION``; zero tokens are committed). For decode rows
         ``r.num_cached`` grows by ``1 + accepted drafts`` (input token + accepted
         drafts now have valid KV; on error by 1, the row ends anyway).
+
+    Raises:
+        ValueError: ``batch`` still has deferred drafts.
     """
-    dev = logits.device
+    if batch.deferred:
+        raise ValueError("verify_rows needs host drafts: call StepBatch.with_drafts first")
+    rows = batch.rows
     b = len(rows)
-    nd = [len(drafts.get(r.lane, ())) for r in rows]
+    nd = batch.num_drafts.tolist()
     spec_idx = [i for i in range(b) if nd[i] > 0]
     plain_idx = [i for i in range(b) if nd[i] == 0]
     codes = [VERIFY_OK] * b
@@ -110,44 +114,14 @@ def verify_rows(
     n_acc = [0] * b
     en_host = None
     if words is not None:
-        p = words.shape[1]
-        en_host = torch.ones(b, dtype=torch.bool) if enabled is None else enabled.to("cpu", torch.bool)
-        if status is None:  # no per-position statuses: every enabled position holds a mask
-            status = torch.full((b, p), STATUS_READY, dtype=torch.uint8)
-        status = status.to("cpu")
+        en_host, status = _host_statuses(words, status, enabled, b)
 
-    # ---- rows without drafts: ordinary masked sampling at position 0 ---------
-    pending = []  # (idx list, tensors to read back)
+    pending = []  # (kind, idx list, tensors to read back)
     if plain_idx:
-        sel = torch.tensor(plain_idx, dtype=torch.int64)
-        sel_d = sel.to(dev)
-        w0 = en0 = None
-        if words is not None:
-            w0 = words.index_select(0, sel)[:, 0].to(dev, non_blocking=True)
-            en0 = en_host.index_select(0, sel).to(dev, non_blocking=True)
-        positions = torch.tensor([len(rows[i].output_ids) for i in plain_idx], dtype=torch.int64, device=dev)
-        tok, err = sample(logits.index_select(0, sel_d)[:, 0], select_rows(st, sel_d), w0, en0, positions)
-        pending.append(("plain", plain_idx, tok, err, None))
-
-    # ---- rows with drafts: verify ----------------------------------------------
+        pending.append(_sample_plain(batch, plain_idx, logits, words, en_host, st))
     if spec_idx:
-        k = max(nd[i] for i in spec_idx)
-        n = len(spec_idx)
-        sel = torch.tensor(spec_idx, dtype=torch.int64)
-        sel_d = sel.to(dev)
-        draft_ids = torch.zeros(n, k, dtype=torch.int64)
-        for j, i in enumerate(spec_idx):
-            draft_ids[j, : nd[i]] = torch.tensor(drafts[rows[i].lane], dtype=torch.int64)
-        num_drafts = torch.tensor([nd[i] for i in spec_idx], dtype=torch.int32)
-        q = _sparse_q([rows[i] for i in spec_idx], [nd[i] for i in spec_idx], draft_ids, draft_q, dev)
-        w = stat = None
-        if words is not None:
-            w, stat = _lookahead_masks(words, status, en_host, sel, num_drafts, k, dev)
-        eos = torch.tensor(tuple(getattr(program, "eos_ids", ())), dtype=torch.int64, device=dev)
-        positions = torch.tensor([len(rows[i].output_ids) for i in spec_idx], dtype=torch.int64, device=dev)
-        res = verify(logits.index_select(0, sel_d)[:, : k + 1], draft_ids.to(dev), select_rows(st, sel_d), w, stat,
-                     q, num_drafts.to(dev), eos, positions)
-        pending.append(("spec", spec_idx, res.tokens, res.err, (res.num_tokens, res.num_accepted_drafts)))
+        pending.append(_verify_spec(program, batch, spec_idx, max(nd[i] for i in spec_idx), logits, words, status,
+                                    en_host, st))
 
     _read_back(pending, codes, toks_out, n_acc)  # one read-back
 
@@ -159,25 +133,57 @@ def verify_rows(
     return out
 
 
-def _sparse_q(rows: list[Request], nd: list[int], draft_ids: torch.Tensor, draft_q: dict,
-              dev: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The drafts' q in sparse form ``(q_ids [n, K, S] int64 (-1 = unused), q_probs [n, K, S] float32)``,
-    or None when every drafter is one-hot; one-hot rows get ``(draft, 1.0)`` (same acceptance and residual)."""
-    if not any(r.lane in draft_q for r in rows):
-        return None
-    n, k = draft_ids.shape
-    s = max(draft_q[r.lane][0].shape[-1] for r in rows if r.lane in draft_q)
-    q_ids = torch.full((n, k, s), -1, dtype=torch.int64, device=dev)
-    q_probs = torch.zeros(n, k, s, dtype=torch.float32, device=dev)
-    for j, (r, m) in enumerate(zip(rows, nd)):
-        if r.lane in draft_q:
-            qi, qp = draft_q[r.lane]
-            q_ids[j, :m, : qi.shape[-1]] = qi[:m].to(dev)
-            q_probs[j, :m, : qi.shape[-1]] = qp[:m].to(dev, torch.float32)
-        else:
-            q_ids[j, :m, 0] = draft_ids[j, :m].to(dev)
-            q_probs[j, :m, 0] = 1.0
-    return q_ids, q_probs
+def _host_statuses(words: torch.Tensor, status: torch.Tensor | None, enabled: torch.Tensor | None,
+                   b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host ``(enabled [B] bool, status [B, P] uint8)``: ``enabled`` None = all rows, ``status`` None =
+    every position READY (``P = words.shape[1]``)."""
+    p = words.shape[1]
+    en_host = torch.ones(b, dtype=torch.bool) if enabled is None else enabled.to("cpu", torch.bool)
+    if status is None:  # no per-position statuses: every enabled position holds a mask
+        status = torch.full((b, p), STATUS_READY, dtype=torch.uint8)
+    return en_host, status.to("cpu")
+
+
+def _sample_plain(batch: StepBatch, plain_idx: list[int], logits: torch.Tensor, words: torch.Tensor | None,
+                  en_host: torch.Tensor | None, st: SamplingTensors) -> tuple:
+    """Rows without drafts: ordinary masked sampling at position 0 (``Purpose.SAMPLE``); returns the
+    ``("plain", idx, tokens [n], err [n], None)`` read-back entry."""
+    dev = logits.device
+    rows = batch.rows
+    sel = torch.tensor(plain_idx, dtype=torch.int64)
+    sel_d = sel.to(dev)
+    w0 = en0 = None
+    if words is not None:
+        w0 = words.index_select(0, sel)[:, 0].to(dev, non_blocking=True)
+        en0 = en_host.index_select(0, sel).to(dev, non_blocking=True)
+    positions = torch.tensor([len(rows[i].output_ids) for i in plain_idx], dtype=torch.int64, device=dev)
+    tok, err = sample(logits.index_select(0, sel_d)[:, 0], select_rows(st, sel_d), w0, en0, positions)
+    return ("plain", plain_idx, tok, err, None)
+
+
+def _verify_spec(program, batch: StepBatch, spec_idx: list[int], k: int, logits: torch.Tensor,
+                 words: torch.Tensor | None, status: torch.Tensor | None, en_host: torch.Tensor | None,
+                 st: SamplingTensors) -> tuple:
+    """Rows with drafts (``k`` = their most drafts): :func:`verify` on their first ``k + 1`` columns;
+    returns the ``("spec", idx, tokens [n, k+1], err [n], (num_tokens, num_accepted))`` read-back entry."""
+    dev = logits.device
+    rows = batch.rows
+    sel = torch.tensor(spec_idx, dtype=torch.int64)
+    sel_d = sel.to(dev)
+    draft_ids = batch.drafts.index_select(0, sel)[:, :k].to(torch.int64).clamp_min(0)  # [n, K], pad -> 0
+    num_drafts = batch.num_drafts.index_select(0, sel)
+    q = None
+    if batch.draft_q is not None:
+        sq = sel.to(batch.draft_q[0].device)
+        q = tuple(t.index_select(0, sq)[:, :k].to(dev) for t in batch.draft_q)
+    w = stat = None
+    if words is not None:
+        w, stat = _lookahead_masks(words, status, en_host, sel, num_drafts, k, dev)
+    eos = torch.tensor(tuple(getattr(program, "eos_ids", ())), dtype=torch.int64, device=dev)
+    positions = torch.tensor([len(rows[i].output_ids) for i in spec_idx], dtype=torch.int64, device=dev)
+    res = verify(logits.index_select(0, sel_d)[:, : k + 1], draft_ids.to(dev), select_rows(st, sel_d), w, stat,
+                 q, num_drafts.to(dev), eos, positions)
+    return ("spec", spec_idx, res.tokens, res.err, (res.num_tokens, res.num_accepted_drafts))
 
 
 def _lookahead_masks(words: torch.Tensor, status: torch.Tensor, en_host: torch.Tensor, sel: torch.Tensor,

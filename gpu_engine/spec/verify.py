@@ -162,8 +162,52 @@ def verify(
     num_drafts = num_drafts.to(torch.int64).clamp(0, k)
     valid = col[:k].unsqueeze(0) < num_drafts.unsqueeze(-1)  # [B, K]
     drafts = torch.where(valid, draft_ids.to(torch.int64), 0).clamp(0, v - 1)
+    q = _sparse_q(draft_q)
 
-    # ---- p for every verify position, [B, K+1, V] ----------------------------
+    p, perr, status = _position_probs(target_logits, drafts, valid, st, words, status)
+    positions = positions.to(torch.int64)
+    n_acc, eos_end = _accepted_prefix(p, drafts, valid, q, st.seed, positions, eos_ids)
+
+    # ---- correction (residual) or bonus draw at column s = n_acc -------------
+    s = n_acc  # [B]; meaningful when not eos_end
+    rejected = s < num_drafts
+    weights = _draw_weights(p, s, rejected, drafts, q)
+    purpose = torch.where(rejected, int(Purpose.SPEC_RESIDUAL), int(Purpose.BONUS))
+    drawn = draw(weights, st.seed, positions + s, purpose)
+
+    err = _draw_error(status, perr, s, eos_end)
+    return _assemble(drafts, n_acc, eos_end, drawn, err)
+
+
+def _sparse_q(
+    draft_q: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``draft_q`` as ``(q_ids [B, K, S] int64, q_probs [B, K, S] float32)`` with padding (ids ``< 0``)
+    carrying probability 0, or ``None`` for one-hot proposals."""
+    if draft_q is None:
+        return None
+    q_ids, q_probs = draft_q
+    q_ids = q_ids.to(torch.int64)
+    q_probs = torch.where(q_ids >= 0, q_probs.to(torch.float32), 0.0)
+    return q_ids, q_probs
+
+
+def _position_probs(
+    target_logits: torch.Tensor,
+    drafts: torch.Tensor,
+    valid: torch.Tensor,
+    st: SamplingTensors,
+    words: torch.Tensor | None,
+    status: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Masked, processed target distribution ``p`` of every verify position (seed §8: target only).
+
+    target_logits ``[B, K+1, V]``, drafts / valid ``[B, K]`` (int64 / bool), words ``[B, K+1, W]``
+    int32 or None, status ``[B, K+1]`` or None → ``(p [B, K+1, V] float32, perr [B, K+1]
+    SAMPLE_* codes, status [B, K+1] int64)`` (all ``STATUS_UNCONSTRAINED`` = 0 when ``words``
+    is None). Only READY positions' words are read. Raises ValueError: words without status.
+    """
+    b, kp1, v = target_logits.shape
     counts = None
     if st.output_counts is not None:
         counts = _position_counts(st.output_counts, drafts, valid)
@@ -177,25 +221,39 @@ def verify(
         flat_words = torch.where(ready.unsqueeze(-1), words, 0).flatten(0, 1)
         flat_enabled = (status != STATUS_UNCONSTRAINED).flatten()
     else:
-        status = torch.zeros(b, kp1, dtype=torch.int64, device=dev)
+        status = torch.zeros(b, kp1, dtype=torch.int64, device=target_logits.device)
     p, perr = target_probs(target_logits.flatten(0, 1), st_rows, flat_words, flat_enabled)
-    p = p.view(b, kp1, v)
-    perr = perr.view(b, kp1)
+    return p.view(b, kp1, v), perr.view(b, kp1), status
 
-    # ---- q(d_i) and acceptance ---------------------------------------------
+
+def _accepted_prefix(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    valid: torch.Tensor,
+    q: tuple[torch.Tensor, torch.Tensor] | None,
+    seed: torch.Tensor,
+    positions: torch.Tensor,
+    eos_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept test ``u < min(1, p(d_i) / q(d_i))`` per draft (Leviathan et al. Alg. 1; seed §8).
+
+    p ``[B, K+1, V]``, drafts / valid ``[B, K]``, q from :func:`_sparse_q`, seed ``[B]``,
+    positions ``[B]`` int64 → ``(n_acc [B] int64, eos_end [B] bool)``: the number of leading
+    accepted drafts, cut just after the first accepted EOS draft (``eos_end``; the row ends there).
+    """
+    k = drafts.shape[1]
     p_d = p[:, :k].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)  # [B, K]
-    if draft_q is None:
+    if q is None:
         q_d = torch.ones_like(p_d)
     else:
-        q_ids, q_probs = draft_q
-        q_ids = q_ids.to(torch.int64)
-        q_probs = torch.where(q_ids >= 0, q_probs.to(torch.float32), 0.0)
+        q_ids, q_probs = q
         q_d = (q_probs * (q_ids == drafts.unsqueeze(-1))).sum(-1)
     # min(1, p/q); p(d) = 0 (illegal or error position) ⇒ 0; q(d) = 0 < p(d) ⇒ 1.
     accept_prob = torch.where(p_d >= q_d, 1.0, p_d / q_d.clamp_min(torch.finfo(q_d.dtype).tiny))
     accept_prob = torch.where(p_d > 0, accept_prob, 0.0)
-    pos_cols = positions.to(torch.int64).unsqueeze(-1) + col  # [B, K+1] output positions
-    u = uniform(st.seed.unsqueeze(-1), pos_cols[:, :k], Purpose.SPEC_ACCEPT)
+    col = torch.arange(k, device=p.device)
+    pos_cols = positions.unsqueeze(-1) + col  # [B, K] output positions
+    u = uniform(seed.unsqueeze(-1), pos_cols, Purpose.SPEC_ACCEPT)
     accepted = (u < accept_prob) & valid
     n_acc = torch.cumprod(accepted.to(torch.int64), dim=1).sum(1)  # leading accepted drafts
 
@@ -204,30 +262,44 @@ def verify(
     n_before_eos = torch.cumprod((~is_eos).to(torch.int64), dim=1).sum(1)
     eos_end = n_before_eos < n_acc
     n_acc = torch.where(eos_end, n_before_eos + 1, n_acc)
+    return n_acc, eos_end
 
-    # ---- correction (residual) or bonus draw at column s = n_acc -------------
-    s = n_acc  # [B]; meaningful when not eos_end
-    rejected = s < num_drafts
+
+def _draw_weights(
+    p: torch.Tensor,
+    s: torch.Tensor,
+    rejected: torch.Tensor,
+    drafts: torch.Tensor,
+    q: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """Weights ``[B, V]`` of the final draw at column ``s`` (``[B]`` int64): the residual
+    ``norm(max(p_s - q_s, 0))`` on ``rejected`` rows (one-hot q: ``p_s`` without ``d_s``; no
+    residual mass left ⇒ ``p_s``), else the bonus distribution ``p_s`` (seed §8; Chen et al. Alg. 2).
+    """
+    b, _, v = p.shape
+    k = drafts.shape[1]
     p_s = p.gather(1, s.view(b, 1, 1).expand(b, 1, v)).squeeze(1)  # [B, V]
-    if k > 0:
-        s_d = s.clamp_max(k - 1).unsqueeze(-1)
-        if draft_q is None:
-            d_s = drafts.gather(1, s_d)  # [B, 1]
-            resid = p_s.scatter(-1, d_s, 0.0)  # max(p - e_d, 0)
-        else:
-            ids_s = q_ids.gather(1, s_d.unsqueeze(-1).expand(b, 1, q_ids.shape[-1])).squeeze(1)
-            pr_s = q_probs.gather(1, s_d.unsqueeze(-1).expand(b, 1, q_ids.shape[-1])).squeeze(1)
-            q_s = torch.zeros_like(p_s).scatter_add_(-1, ids_s.clamp_min(0), pr_s)
-            resid = (p_s - q_s).clamp_min(0.0)
-        # p == q up to rounding leaves no residual mass: fall back to p.
-        resid = torch.where((resid.sum(-1, keepdim=True) > 0), resid, p_s)
-        weights = torch.where(rejected.unsqueeze(-1), resid, p_s)
+    if k == 0:
+        return p_s
+    s_d = s.clamp_max(k - 1).unsqueeze(-1)
+    if q is None:
+        d_s = drafts.gather(1, s_d)  # [B, 1]
+        resid = p_s.scatter(-1, d_s, 0.0)  # max(p - e_d, 0)
     else:
-        weights = p_s
-    purpose = torch.where(rejected, int(Purpose.SPEC_RESIDUAL), int(Purpose.BONUS))
-    drawn = draw(weights, st.seed, positions.to(torch.int64) + s, purpose)
+        q_ids, q_probs = q
+        ids_s = q_ids.gather(1, s_d.unsqueeze(-1).expand(b, 1, q_ids.shape[-1])).squeeze(1)
+        pr_s = q_probs.gather(1, s_d.unsqueeze(-1).expand(b, 1, q_ids.shape[-1])).squeeze(1)
+        q_s = torch.zeros_like(p_s).scatter_add_(-1, ids_s.clamp_min(0), pr_s)
+        resid = (p_s - q_s).clamp_min(0.0)
+    # p == q up to rounding leaves no residual mass: fall back to p.
+    resid = torch.where((resid.sum(-1, keepdim=True) > 0), resid, p_s)
+    return torch.where(rejected.unsqueeze(-1), resid, p_s)
 
-    # ---- errors at the draw position ---------------------------------------
+
+def _draw_error(status: torch.Tensor, perr: torch.Tensor, s: torch.Tensor, eos_end: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64 ``VERIFY_*`` code decided at the draw column ``s`` (status / perr ``[B, K+1]``):
+    DEAD_END, UNREACHABLE, else the sampling code there; rows ended by an EOS draft are OK."""
+    k = perr.shape[1] - 1  # perr is [B, K+1] by construction
     status_s = status.gather(1, s.clamp_max(k).unsqueeze(-1)).squeeze(-1)
     perr_s = perr.gather(1, s.clamp_max(k).unsqueeze(-1)).squeeze(-1).to(torch.int64)
     err = torch.where(
@@ -235,11 +307,18 @@ def verify(
         VERIFY_ERR_DEAD_END,
         torch.where(status_s == STATUS_UNREACHABLE, VERIFY_ERR_UNREACHABLE, perr_s),
     )
-    err = torch.where(eos_end, VERIFY_OK, err)
-    ok = err == VERIFY_OK
+    return torch.where(eos_end, VERIFY_OK, err)
 
-    # ---- assemble [B, K+1] padded output ----------------------------------------
-    ext = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=dev)], dim=1)
+
+def _assemble(
+    drafts: torch.Tensor, n_acc: torch.Tensor, eos_end: torch.Tensor, drawn: torch.Tensor, err: torch.Tensor
+) -> VerifyResult:
+    """The padded ``[B, K+1]`` :class:`VerifyResult`: accepted drafts, then ``drawn`` unless
+    ``eos_end``; error rows emit nothing."""
+    b, k = drafts.shape
+    col = torch.arange(k + 1, device=drafts.device)
+    ok = err == VERIFY_OK
+    ext = torch.cat([drafts, torch.zeros(b, 1, dtype=torch.int64, device=drafts.device)], dim=1)
     n_acc_c = n_acc.unsqueeze(-1)
     tokens = torch.where(col < n_acc_c, ext, -1)
     tokens = torch.where((col == n_acc_c) & ~eos_end.unsqueeze(-1), drawn.unsqueeze(-1), tokens)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpu_engine.core.batch import NO_SLOT, build_step_batch
 from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.cuda_graph import CudaProgram, RingMask
 from gpu_engine.model.config import ModelConfig
@@ -79,12 +80,13 @@ def _run(prog, reqs, ring, schedule, drop_at=None):
         rows = [r for r in lanes if r is not None]
         if not rows:
             break
-        logits = prog.forward_rows(rows, {})
         cons = [r for r in rows if r.constraint is not None]
+        batch = build_step_batch(rows, slot=step % 2 if cons else NO_SLOT)
+        logits = prog.forward(batch)
         words = status = enabled = None
         if cons:
             _write_masks(ring, step % 2, cons, gen)
-            words, status, _ = prog.stage_masks(ring, step % 2, rows)
+            words, status, _ = prog.stage_masks(ring, batch)
             enabled = torch.tensor([r.constraint is not None for r in rows])
         if drop_at == step and len(rows) > 2:  # the engine drops a row the sidecar failed
             keep = [i for i in range(len(rows)) if i != 1]
@@ -92,10 +94,11 @@ def _run(prog, reqs, ring, schedule, drop_at=None):
             prog.release_lane(rows[1].lane)
             sel = torch.tensor(keep)
             rows = [rows[i] for i in keep]
+            batch = batch.select(keep)
             logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
                 words, status, enabled = select_mask_rows(words, status, enabled, sel)
-        out = prog.sample_rows(rows, logits, {}, {}, words, status, enabled)
+        out = prog.sample(batch, logits, words, status, enabled)
         for r, (toks, err) in zip(rows, out):
             assert err is None, (r.request_id, err)
             assert words is None or not r.constraint or _allowed(ring, step % 2, r.lane, toks[0])
@@ -148,8 +151,9 @@ def test_ring_mask_marker_and_bytes(ring):
     rows = _requests(3, torch.Generator().manual_seed(0))
     for lane, r in zip((0, 3, 5), rows):
         r.lane = lane
-    prog.forward_rows(rows, {})
-    words, status, nbytes = prog.stage_masks(ring, 0, rows)
+    batch = build_step_batch(rows, slot=0)
+    prog.forward(batch)
+    words, status, nbytes = prog.stage_masks(ring, batch)
     assert isinstance(words, RingMask) and status is None
     sel = torch.tensor([0])
     assert select_mask_rows(words, status, torch.ones(3, dtype=torch.bool), sel)[0] is words  # addressed by lane

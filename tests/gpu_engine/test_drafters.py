@@ -9,6 +9,7 @@ from gpu_engine.spec.drafters import EarlyExitDrafter, NgramDrafter, ngram_propo
 from gpu_engine.spec.registry import make_drafter
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
+from gpu_engine.core.batch import build_step_batch
 from gpu_engine.core.request import Request, SamplingOptions
 
 
@@ -63,7 +64,9 @@ def model():
     cfg = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=48, num_layers=NUM_LAYERS,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position=64)
     # float64 so that a T=1 pass and a T=K+1 pass agree to ~1e-15 (the ids comparisons below are exact).
-    return build_model(cfg, "cpu", torch.float64, max_lanes=8, max_seq_len=64, weights="random", seed=3)
+    m = build_model(cfg, "cpu", torch.float64, max_lanes=8, max_seq_len=64, weights="random", seed=3)
+    m.kv.reserve_all()  # _prefill drives forward directly
+    return m
 
 
 def _prefill(model, lane, ids):
@@ -121,16 +124,19 @@ def test_early_exit_kv_writes_never_change_the_verify_pass(model):
     for lane in (0, 1, 2):
         _prefill(model, lane, prompt)
     drafts = EarlyExitDrafter(_Prog(model), num_layers=layers).propose(_row(0, prompt, [last]), k)
-    draft_k = model.k_cache[:layers, 0, :, c: c + k].clone()
+    draft_k = model.kv.lane_view(slice(0, layers), 0, c + k)[0][..., c:, :]
     g = torch.Generator().manual_seed(0)
-    for cache in (model.k_cache, model.v_cache):  # lane 1: garbage where lane 0's draft pass wrote
-        cache[:, 1, :, c: c + k + 1] = torch.randn(cache[:, 1, :, c: c + k + 1].shape, generator=g, dtype=cache.dtype)
+    model.kv.reserve(1, c + k + 1)  # lane 1: garbage where lane 0's draft pass wrote
+    shape = model.kv.lane_view(slice(None), 1, k + 1)[0].shape
+    model.kv.write_lane(slice(None), 1, c, torch.randn(shape, generator=g, dtype=model.dtype),
+                        torch.randn(shape, generator=g, dtype=model.dtype))
     seq = torch.tensor([[last] + drafts])
     out = [model.forward(seq, torch.tensor([lane]), torch.tensor([c])) for lane in (0, 1)]
     assert torch.equal(out[0], out[1])
-    for cache in (model.k_cache, model.v_cache):
-        assert torch.equal(cache[:, 0, :, : c + k + 1], cache[:, 1, :, : c + k + 1])
-    torch.testing.assert_close(draft_k, model.k_cache[:layers, 0, :, c: c + k], rtol=1e-12, atol=1e-12)
+    for a, b in zip(model.kv.lane_view(slice(None), 0, c + k + 1), model.kv.lane_view(slice(None), 1, c + k + 1)):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(draft_k, model.kv.lane_view(slice(0, layers), 0, c + k)[0][..., c:, :],
+                               rtol=1e-12, atol=1e-12)
     # Accept drafts[0] only, correction x: next step input x at c + 2; lane 2 never saw the rejected tail.
     x = (drafts[1] + 1) % V
     model.forward(torch.tensor([[last, drafts[0]]]), torch.tensor([2]), torch.tensor([c]))
@@ -208,7 +214,7 @@ def test_propose_batch_device_on_cpu_is_trivially_ready_and_matches_propose_batc
                 assert g == r
 
 
-def test_forward_rows_equals_forward_rows_with_host_drafts(model):
+def test_forward_with_deferred_drafts_equals_forward_with_host_drafts(model):
     """Device-side draft ids scattered into [last] + drafts give the very logits of the host path:
     mixed deferred (two k) / host-drafted / draft-less / prefill / near-max_seq_len rows."""
     from gpu_engine.executor.eager import Program
@@ -231,13 +237,14 @@ def test_forward_rows_equals_forward_rows_with_host_drafts(model):
     ref_drafts = dict(host)
     for r, p in zip(dd.rows, dd.proposals()):
         ref_drafts[r.lane] = p
-    ref = prog.forward_rows(order, ref_drafts)
+    ref = prog.forward(build_step_batch(order, ref_drafts))
     pre.num_cached = 0  # run the prefill row again
-    got = prog.forward_rows(order, host, [dd])
+    got = prog.forward(build_step_batch(order, host, deferred=[dd]))
     assert got.shape == ref.shape == (6, 4, V)
     for i, r in enumerate(order):
         n = 1 if r is pre else 1 + len(ref_drafts.get(r.lane, []))
         assert torch.equal(got[i, :n], ref[i, :n]), (i, r.lane)
     # the common case (all rows decode, one forward, in order) returns the forward's logits directly
-    got2 = prog.forward_rows([rows[0], rows[2]], {}, [d.propose_batch_device([rows[0], rows[2]], [2, 2])])
+    dd2 = d.propose_batch_device([rows[0], rows[2]], [2, 2])
+    got2 = prog.forward(build_step_batch([rows[0], rows[2]], deferred=[dd2]))
     assert got2.shape == (2, 3, V)

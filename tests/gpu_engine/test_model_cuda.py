@@ -29,6 +29,8 @@ def pair(dtype: torch.dtype):
                         m + "gate_proj.weight": g, m + "up_proj.weight": u, m + "down_proj.weight": layer.down})
     weights.update({"model.embed_tokens.weight": cpu.embed, "model.norm.weight": cpu.norm, "lm_head.weight": cpu.lm_head})
     gpu = build_model(CFG, "cuda", dtype, max_lanes=4, max_seq_len=128, weights=weights)
+    cpu.kv.reserve_all()  # these tests drive forward directly
+    gpu.kv.reserve_all()
     return cpu, gpu
 
 

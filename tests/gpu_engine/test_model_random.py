@@ -50,6 +50,7 @@ def test_random_weights_match_transformers(arch: str, tie: bool) -> None:
     ref_model = hf_model(cfg)
     weights = {k: v for k, v in ref_model.state_dict().items() if not (tie and k == "lm_head.weight")}
     ours = build_model(cfg, "cpu", torch.float32, max_lanes=3, max_seq_len=64, weights=weights)
+    ours.kv.reserve_all()
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, V, (n,), generator=g).tolist() for n in (7, 3, 12)]
     with torch.no_grad():
@@ -72,6 +73,7 @@ def test_presets_build_random() -> None:
     assert {"llama-1b-random", "qwen2-1.5b-random"} <= set(PRESETS)
     cfg = PRESETS["qwen3-0.6b-random"].replace(num_layers=1, vocab_size=1000)
     m = build_model(cfg, "cpu", torch.float32, max_lanes=2, max_seq_len=16, weights="random")
+    m.kv.reserve_all()
     out = m(torch.tensor([[1, 2], [3, 4]]), torch.tensor([1, 0]), torch.tensor([0, 5]))
     assert out.shape == (2, 2, 1000) and out.dtype == torch.float32 and torch.isfinite(out).all()
 

@@ -88,7 +88,7 @@ def test_both_executors_implement_the_protocol():
     from gpu_engine.executor.eager import Program
 
     methods = [n for n, v in vars(Executor).items() if inspect.isfunction(v) and not n.startswith("_")]
-    assert set(methods) == {"forward_rows", "stage_masks", "sample_rows", "release_lane", "close"}
+    assert set(methods) == {"forward", "stage_masks", "sample", "release_lane", "close"}
     for cls in (Program, CudaProgram):
         for name in methods:
             want = list(inspect.signature(getattr(Executor, name)).parameters)

@@ -14,6 +14,7 @@ import gpu_engine.executor.eager as program_mod
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.llama import build_model
 from gpu_engine.executor.eager import Program
+from gpu_engine.core.batch import build_step_batch
 from gpu_engine.core.request import Request, SamplingOptions
 
 V = 301
@@ -53,6 +54,7 @@ def test_batched_prefill_matches_one_by_one(monkeypatch, chunk: int, budget: int
     lens = [9, 3, 17, 1, 12, S - 2]  # the last one fills its lane: it may not be padded past it
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in lens]
     ref = _model(device=device)
+    ref.kv.reserve_all()  # the reference drives forward directly
     want = torch.stack([_one_by_one(ref, lane, p) for lane, p in enumerate(prompts)])
     ours = _model(device=device)
     prog = Program(ours, V, torch.device(device))
@@ -67,8 +69,7 @@ def test_batched_prefill_matches_one_by_one(monkeypatch, chunk: int, budget: int
     assert (got - want).abs().max().item() < tol
     assert [r.num_cached for r in rows] == lens
     for i, (r, n) in enumerate(zip(rows, lens)):
-        for cache_ours, cache_ref in ((ours.k_cache, ref.k_cache), (ours.v_cache, ref.v_cache)):
-            a, b = cache_ours[:, r.lane, :, :n], cache_ref[:, i, :, :n]
+        for a, b in zip(ours.kv.lane_view(slice(None), r.lane, n), ref.kv.lane_view(slice(None), i, n)):
             assert (a - b).abs().max().item() < tol, (i, n)
     # two decode steps after the prefill (rows short enough): same logits
     live = [i for i, n in enumerate(lens) if n + 2 < S]
@@ -80,8 +81,8 @@ def test_batched_prefill_matches_one_by_one(monkeypatch, chunk: int, budget: int
         toks = [int(x) for x in b.argmax(-1)]
 
 
-def test_forward_rows_batches_prefill_with_decode_rows() -> None:
-    """Program.forward_rows: prefill rows of one step in one forward, decode rows beside them."""
+def test_forward_batches_prefill_with_decode_rows() -> None:
+    """Program.forward: prefill rows of one step in one forward, decode rows beside them."""
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(2)
     ref, ours = _model(), _model()
@@ -99,10 +100,10 @@ def test_forward_rows_batches_prefill_with_decode_rows() -> None:
     for lane, r in enumerate(rows):
         r.lane = lane
     # row 0 is already decoding: prefill it first
-    out0 = prog.forward_rows(rows[:1], {})
+    out0 = prog.forward(build_step_batch(rows[:1]))
     rows[0].output_ids.append(int(out0[0, 0].argmax()))
     calls.clear()
-    out = prog.forward_rows(rows, {})
+    out = prog.forward(build_step_batch(rows))
     assert sorted(calls) == [(1, 1), (2, 11)]  # one decode forward, one batched prefill forward
     want0 = _one_by_one(ref, 0, prompts[0])
     assert (out0[0, 0] - want0).abs().max().item() < 1e-4

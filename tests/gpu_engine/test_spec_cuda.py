@@ -197,12 +197,13 @@ def test_cuda_greedy_constrained_speculation_equals_plain_decoding(cuda_stack):
 
 # ------------------------------------------- draft-ready overlap on CUDA, random weights (no model file)
 def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
-    """On CUDA: ``propose_batch_device`` + ``CudaProgram.forward_rows`` queue drafting, the
+    """On CUDA: ``propose_batch_device`` + ``CudaProgram.forward`` queue drafting, the
     ids' D2H copy + ready event and the target forward without any host-device synchronisation
     (``torch.cuda.set_sync_debug_mode("error")``); the ready event completes while the forward may
     still run; the logits equal those of the host-ids path."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from gpu_engine.core.batch import build_step_batch
     from gpu_engine.executor.cuda_graph import CudaProgram
     from gpu_engine.spec.drafters import DeviceDrafts, EarlyExitDrafter
     from gpu_engine.model.config import ModelConfig
@@ -213,6 +214,7 @@ def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
     cfg = ModelConfig(arch="llama", vocab_size=v, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,
                       num_kv_heads=2, head_dim=64, name="tiny")
     model = build_model(cfg, "cuda", torch.float32, 8, 128, weights="random", seed=3)
+    model.kv.reserve_all()  # the prompts are prefilled by driving forward directly
     prog = CudaProgram(model, v, torch.device("cuda"), None, use_graphs=True, graph_context="full")
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -232,7 +234,7 @@ def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
         torch.cuda.set_sync_debug_mode("error")
         try:
             dd = d.propose_batch_device(rows[:5], ks)
-            got = prog.forward_rows(rows, host, [dd])
+            got = prog.forward(build_step_batch(rows, host, deferred=[dd]))
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert isinstance(dd, DeviceDrafts) and dd.event is not None and dd.host.is_pinned()
@@ -243,7 +245,7 @@ def test_deferred_drafts_cuda_no_sync_event_and_same_logits():
         drafts = dict(host)
         for r, p in zip(dd.rows, props):
             drafts[r.lane] = p[0] if sampled else p
-        ref = prog.forward_rows(rows, drafts)
+        ref = prog.forward(build_step_batch(rows, drafts))
         torch.cuda.synchronize()
         assert got.shape == ref.shape == (6, 5, v)
         for i, r in enumerate(rows):

@@ -1,4 +1,5 @@
-"""verify_rows (gpu_engine/spec_step.py): per-row tensors, result mapping, num_cached, errors, penalties."""
+"""verify_rows (gpu_engine/spec/step.py) on a StepBatch:
+per-row tensors, result mapping, num_cached, errors, penalties."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ from gpu_engine.sample.bitmask import pack_bitmask
 from gpu_engine.core.request import Request, SamplingOptions
 from gpu_engine.sample.sampler import SamplingTensors, sample
 from gpu_engine.spec.step import verify_rows
+from gpu_engine.core.batch import build_step_batch
 from gpu_engine.spec.verify import STATUS_DEAD_END, STATUS_READY, STATUS_UNCONSTRAINED, STATUS_UNREACHABLE
 
 V = 45  # two bitmask words, ragged last word
@@ -77,7 +79,7 @@ def test_greedy_mapping_accept_all_reject_eos_and_plain_rows():
     logits[4] = _logits([13, 0, 0, 0], t)          # decode row without drafts in a spec step
     logits[4, 1:] = float("nan")
     drafts = {0: [7, 8, 9], 1: [7, 8, 9], 2: [7, EOS, 9]}
-    out = verify_rows(_Prog(), rows, logits, drafts, {}, None, None, None, _st(rows))
+    out = verify_rows(_Prog(), build_step_batch(rows, drafts), logits, None, None, None, _st(rows))
     assert [o[0] for o in out] == [[7, 8, 9, 10], [7, 3], [7, EOS], [12], [13]]
     assert all(o[1] is None for o in out)
     assert [r.num_cached for r in rows] == [10 + 4, 10 + 2, 10 + 3, 5, 11]
@@ -94,7 +96,8 @@ def test_constrained_greedy_is_legal_argmax_and_illegal_draft_is_rejected():
                                               1: [STATUS_DEAD_END] * (KR + 1)})
     words[1] = 0  # garbage for the unconstrained lane: must not be read
     enabled = torch.tensor([True, False])
-    out = verify_rows(_Prog(), rows, logits, {0: [7, 8], 1: [7, 8]}, {}, words, status, enabled, _st(rows))
+    batch = build_step_batch(rows, {0: [7, 8], 1: [7, 8]})
+    out = verify_rows(_Prog(), batch, logits, words, status, enabled, _st(rows))
     assert out == [([7, 6], None), ([7, 8, 9], None)]
 
 
@@ -107,7 +110,7 @@ def test_dead_end_reached_fails_row_alone_dead_end_behind_rejection_is_harmless(
     words, status = _masks(3, {0: allowed, 1: allowed}, {0: dead, 1: dead})
     enabled = torch.tensor([True, True, False])
     drafts = {0: [7, 8], 1: [7, 8], 2: [7, 8]}
-    out = verify_rows(_Prog(), rows, logits, drafts, {}, words, status, enabled, _st(rows))
+    out = verify_rows(_Prog(), build_step_batch(rows, drafts), logits, words, status, enabled, _st(rows))
     toks, err = out[0]  # both drafts accepted → the bonus position is DEAD_END: zero tokens, row error
     assert toks == [] and err.kind == "ConstraintDeadEnd" and err.code == "FAILED_PRECONDITION"
     assert out[1] == ([7, 5], None)  # rejected at 1: the DEAD_END at 2 is never reached
@@ -121,7 +124,7 @@ def test_unreachable_reached_is_integrity_error_and_stale_ring_columns_are_ignor
     # row 1: one draft; ring columns 2.. hold stale DEAD_END / UNCONSTRAINED from an earlier step
     words, status = _masks(2, None, {0: [STATUS_READY, STATUS_UNREACHABLE, STATUS_UNREACHABLE, 0, 0],
                                      1: [STATUS_READY, STATUS_READY, STATUS_DEAD_END, STATUS_UNCONSTRAINED, 2]})
-    out = verify_rows(_Prog(), rows, logits[:, :4], {0: [7, 8, 9], 1: [7]}, {}, words, status,
+    out = verify_rows(_Prog(), build_step_batch(rows, {0: [7, 8, 9], 1: [7]}), logits[:, :4], words, status,
                       torch.tensor([True, True]), _st(rows))
     assert out[0][0] == [] and out[0][1].kind == "IntegrityError" and out[0][1].code == "INTERNAL"
     assert out[1] == ([7, 8], None)
@@ -131,7 +134,7 @@ def test_nonfinite_logits_at_draw_position():
     rows = [_row(0, temperature=0.0)]
     logits = _logits([7, 8], 2).unsqueeze(0)
     logits[0, 1, 3] = float("nan")
-    out = verify_rows(_Prog(), rows, logits, {0: [7]}, {}, None, None, None, _st(rows))
+    out = verify_rows(_Prog(), build_step_batch(rows, {0: [7]}), logits, None, None, None, _st(rows))
     assert out[0][0] == [] and out[0][1].kind == "NonFiniteLogits"
 
 
@@ -141,7 +144,8 @@ def test_no_draft_row_samples_like_ordinary_decode():
     rows = [_row(lane, out=(1, 2), temperature=1.0, seed=100 + lane) for lane in range(16)]
     spec = _row(16, temperature=1.0, seed=5)
     logits = torch.randn(17, 3, V, generator=g)
-    out = verify_rows(_Prog(), rows + [spec], logits, {16: [4, 5]}, {}, None, None, None, _st(rows + [spec]))
+    batch = build_step_batch(rows + [spec], {16: [4, 5]})
+    out = verify_rows(_Prog(), batch, logits, None, None, None, _st(rows + [spec]))
     ref, err = sample(logits[:16, 0], _st(rows), None, None, torch.full((16,), 2, dtype=torch.int64))
     assert [o[0] for o in out[:16]] == [[int(t)] for t in ref]
 
@@ -150,10 +154,10 @@ def test_penalties_use_committed_prefix_plus_earlier_drafts():
     """Position 1's target counts draft 0: with a frequency penalty, repeating it is rejected."""
     lg = _logits([7, 7], 2, second=[None, 6]).unsqueeze(0)  # raw argmax at 1 is 7 again (5 vs 4)
     r = _row(0, out=(1,), temperature=0.0, frequency_penalty=2.0)
-    out = verify_rows(_Prog(), [r], lg, {0: [7]}, {}, None, None, None, _st([r], counts=True))
+    out = verify_rows(_Prog(), build_step_batch([r], {0: [7]}), lg, None, None, None, _st([r], counts=True))
     assert out == [([7, 6], None)]  # 7 - 2*1 = 3 < 4: legal argmax at position 1 is 6
     r = _row(0, out=(1,), temperature=0.0)
-    out = verify_rows(_Prog(), [r], lg, {0: [7]}, {}, None, None, None, _st([r], counts=True))
+    out = verify_rows(_Prog(), build_step_batch([r], {0: [7]}), lg, None, None, None, _st([r], counts=True))
     assert out == [([7, 7], None)]
 
 
@@ -165,12 +169,12 @@ def test_mixed_one_hot_and_sparse_q_rows():
     q_ids[:, 0], q_ids[:, 1] = torch.tensor([7, 8]), torch.tensor([2, 3])
     q_probs = torch.zeros(2, 16)
     q_probs[:, 0], q_probs[:, 1] = 0.6, 0.4
-    out = verify_rows(_Prog(), rows, logits, {0: [7, 8], 1: [7, 8]}, {0: (q_ids, q_probs)}, None, None, None,
-                      _st(rows))
+    batch = build_step_batch(rows, {0: [7, 8], 1: [7, 8]}, {0: (q_ids, q_probs)})
+    out = verify_rows(_Prog(), batch, logits, None, None, None, _st(rows))
     assert out == [([7, 8, 9], None), ([7, 3], None)]
 
 
-def test_forward_rows_padded_row_near_context_end_does_not_write_past_its_lane():
+def test_forward_padded_row_near_context_end_does_not_write_past_its_lane():
     """A no-draft row at num_cached = S - 2 beside a row with 3 drafts (T = 4) runs alone with T = 1:
     its logits equal a plain decode forward and nothing is written past position S - 1."""
     from gpu_engine.model.config import ModelConfig
@@ -181,16 +185,18 @@ def test_forward_rows_padded_row_near_context_end_does_not_write_past_its_lane()
                       num_kv_heads=2, head_dim=8, max_position=32)
     s = 32
     model = build_model(cfg, "cpu", torch.float64, max_lanes=3, max_seq_len=s, weights="random", seed=2)
+    model.kv.reserve_all()
     prog = Program(model, V, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, V, (1, s), generator=g)
     for lane in range(3):
         model.forward(ctx[:, : s - 2], torch.tensor([lane]), torch.tensor([0]))
     near, spec = _row(0, out=(5,), cached=s - 2), _row(1, out=(6,), cached=10)
-    lane2_before = model.k_cache[:, 2].clone()
-    logits = prog.forward_rows([near, spec], {1: [7, 8, 9]})
+    lane2_before = model.kv.lane_view(slice(None), 2, s - 2)
+    logits = prog.forward(build_step_batch([near, spec], {1: [7, 8, 9]}))
     ref = model.forward(torch.tensor([[5]]), torch.tensor([2]), torch.tensor([s - 2]))  # lane 2: same history
     assert logits.shape == (2, 4, V)
     torch.testing.assert_close(logits[0, 0], ref[0, 0].float())
     assert torch.isfinite(logits).all()
-    assert torch.equal(model.k_cache[:, 2, :, : s - 2], lane2_before[:, :, : s - 2])
+    for a, b in zip(model.kv.lane_view(slice(None), 2, s - 2), lane2_before):
+        assert torch.equal(a, b)

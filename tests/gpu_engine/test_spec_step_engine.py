@@ -185,11 +185,17 @@ class DeferredDrafter:
         return DeviceDrafts(rows, ks, ids, q, ids, None)
 
 
-def _engine(table, dfa, drafter, k, max_lanes=64):
+def _engine(table, dfa, drafter, k, max_lanes=64, executor="eager"):
     vocab = TokenVocabulary(V, tuple(bytes([65 + i % 26]) for i in range(V)), frozenset({EOS}), (EOS,))
     ring = MaskRing.create(f"ninfer-test-spec-{os.getpid()}-{uuid.uuid4().hex[:8]}",
                            ring_geometry(max_lanes, k, V))
-    prog = Program(BigramModel(table, max_lanes), V, torch.device("cpu"))
+    if executor == "spec-graphs":  # CudaProgram's static speculative forward phase, run eagerly on the CPU
+        from gpu_engine.executor.cuda_graph import CudaProgram
+
+        prog = CudaProgram(BigramModel(table, max_lanes), V, torch.device("cpu"), ring, use_graphs=False,
+                           prefill_graphs="off", spec_graphs=True)
+    else:
+        prog = Program(BigramModel(table, max_lanes), V, torch.device("cpu"))
     eng = Engine(prog, vocab, sidecar=FakeSidecar(ring, dfa), ring=ring, num_draft_tokens=k)
     eng._drafters["early-exit-sampled"] = drafter
     return eng
@@ -343,9 +349,10 @@ def _greedy_world():
     return table, DFA(lambda s: np.ones(V, bool), lambda s, t: s + 1)
 
 
+@pytest.mark.parametrize("executor", ["eager", "spec-graphs"])
 @pytest.mark.parametrize("deferred", [False, True], ids=["host-ids", "deferred-ids"])
 @pytest.mark.parametrize("constrained", [True, False], ids=["constrained", "unconstrained"])
-def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained, deferred):
+def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained, deferred, executor):
     table, dfa = _greedy_world()
 
     def perfect(r):  # the true continuation, junk after EOS
@@ -355,7 +362,7 @@ def test_greedy_usage_counts_with_eos_draft_and_wrong_drafts(constrained, deferr
             out.append(t)
         return out + [0, 0, 0]
 
-    eng = _engine(table, dfa, ListDrafter(perfect), k=3)
+    eng = _engine(table, dfa, ListDrafter(perfect), k=3, executor=executor)
     eng._drafters["early-exit-sampled"] = DeferredDrafter(ListDrafter(perfect)) if deferred else ListDrafter(perfect)
     eng._drafters["ngram"] = ListDrafter(lambda r: [0, 0, 0])  # always wrong (host ids: mixed steps)
     eng.defer_drafts = deferred

@@ -1,0 +1,156 @@
+"""The sidecar's Step handling with and without overlapped chunk fills (issue 12 "No stall on expensive rows").
+
+usage: python bench/step_fill_bench.py [--rows 64] [--steps 300] [--chunks 0 16] [--schemas N] [--out FILE.json]
+
+In one process (no gRPC, no subprocess: the number measured is the servicer's own ``_step`` time, the
+part the change touches), one :class:`constraint_service.server.ConstraintServicer` per
+``fill_chunk_rows`` value, each with its own mask ring of ``--rows`` lanes (K = 0), the SmolLM2
+vocabulary, and the same ``--rows`` requests: JSON Schema (``bench/schemas_sample.json``, cycled) and
+regex rows. Every step each row commits one token drawn (fixed seed) from the mask the first servicer
+wrote for it last step, EOS excluded while another token is legal; a row that ends (EOS or 160 tokens)
+is closed on the next Step and replaced by a new request. The servicers get identical Step messages,
+interleaved step by step (order alternating); the ring bytes are compared after every step. Reported:
+per-Step time p50/p90/mean per servicer (after ``--warmup`` steps) and the ratio to ``fill_chunk_rows=0``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+from bench_common import results_path, run_header, spread  # noqa: E402
+
+REGEX = r"[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\."
+
+
+class Ctx:
+    def abort_with_status(self, status):
+        raise RuntimeError(status)
+
+
+def _servicer(vocab, rows: int, chunk: int):
+    from constraint_service.server import ConstraintServicer, SidecarOptions
+    from ninfer.constraint.v1 import constraint_pb2 as pb
+    from shared_memory.layout import RingGeometry
+    from shared_memory.ring import MaskRing
+
+    geo = RingGeometry(num_slots=2, num_lanes=rows, num_positions=1, vocab_size=vocab.vocab_size)
+    ring = MaskRing.create(f"ninfer-stepfill-{os.getpid()}-{uuid.uuid4().hex[:6]}", geo)
+    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0))
+    sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+        vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
+        eos_ids=list(vocab.eos_ids)), Ctx())
+    sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
+                                       num_lanes=geo.num_lanes, num_positions=geo.num_positions,
+                                       num_words=ring.geometry.num_words), Ctx())
+    return sv, ring
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--chunks", type=int, nargs="+", default=[0, 16])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="sys.setswitchinterval for this process (0 = Python's default 5 ms)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.switch_interval > 0:
+        sys.setswitchinterval(args.switch_interval)
+    from gpu_engine.model.vocab import load_vocabulary_from_gguf
+    from ninfer.constraint.v1 import constraint_pb2 as pb
+
+    vocab = load_vocabulary_from_gguf(args.model)
+    eos = set(vocab.eos_ids)
+    schemas = [json.dumps(s) for s in json.loads((ROOT / "bench" / "schemas_sample.json").read_text())["schemas"]]
+    svs = [_servicer(vocab, args.rows, c) for c in args.chunks]
+    rng = np.random.default_rng(args.seed)
+    n = [0]
+
+    def new_request():
+        i = n[0]
+        n[0] += 1
+        c = (pb.Constraint(kind="regex", source=REGEX) if i % 4 == 3 else
+             pb.Constraint(kind="json_schema", source=schemas[i % len(schemas)]))
+        rid = f"r{i}"
+        for sv, _ in svs:
+            sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=c), Ctx())
+        return rid
+
+    lanes = [new_request() for _ in range(args.rows)]
+    pending = [[] for _ in range(args.rows)]  # tokens to commit on the next Step
+    length = [0] * args.rows
+    closing: list = []
+    times = [[] for _ in svs]
+    mismatches = 0
+    for step in range(args.warmup + args.steps):
+        slot = step % 2
+        rows = [pb.RowStep(request_id=rid, row=lane, close=True, commit_tokens=toks) for rid, lane, toks in closing]
+        rows += [pb.RowStep(request_id=lanes[i], row=i, commit_tokens=pending[i]) for i in range(args.rows)]
+        closing = []
+        order = range(len(svs)) if step % 2 == 0 else reversed(range(len(svs)))
+        for k in order:
+            sv, _ = svs[k]
+            t = time.perf_counter()
+            sv._step(pb.StepRequest(step_seq=step + 1, slot=slot, rows=rows))
+            if step >= args.warmup:
+                times[k].append(time.perf_counter() - t)
+        ref = svs[0][1]
+        for _, ring in svs[1:]:
+            if not (np.array_equal(ring.bitmask(slot), ref.bitmask(slot))
+                    and np.array_equal(ring.status(slot), ref.status(slot))):
+                mismatches += 1
+        words = ref.bitmask(slot)[:, 0, :]
+        for i in range(args.rows):
+            bits = np.unpackbits(words[i].view(np.uint8), bitorder="little")[: vocab.vocab_size]
+            allowed = np.flatnonzero(bits)
+            non_eos = [t for t in allowed.tolist() if t not in eos]
+            if length[i] >= 160 or not non_eos:
+                final = [int(next(iter(eos & set(allowed.tolist()))))] if eos & set(allowed.tolist()) else []
+                closing.append((lanes[i], i, final))
+                lanes[i], pending[i], length[i] = new_request(), [], 0
+                continue
+            pending[i] = [int(rng.choice(non_eos))]
+            length[i] += 1
+    res = run_header("cpu", rows=args.rows, steps=args.steps, warmup=args.warmup, requests=n[0],
+                     switch_interval_s=sys.getswitchinterval(),
+                     ring_mismatches=mismatches, results={})
+    base = statistics.median(times[0])
+    print(f"Step handling, {args.rows} rows, {args.steps} steps (load avg at start {res['loadavg_at_start']}):")
+    for c, ts in zip(args.chunks, times):
+        ms = [1e3 * t for t in ts]
+        sp = spread(ms)
+        res["results"][str(c)] = dict(step_ms=sp, p90_ms=float(np.percentile(ms, 90)), mean_ms=statistics.fmean(ms),
+                                      ratio_vs_first=statistics.median(ts) / base)
+        print(f"  fill_chunk_rows={c:<3} p50 {sp['median']:.3f} ms  p90 {np.percentile(ms, 90):.3f} ms  "
+              f"mean {statistics.fmean(ms):.3f} ms  (x{statistics.median(ts) / base:.3f} of fill_chunk_rows="
+              f"{args.chunks[0]})")
+    print(f"  ring slot differences between servicers: {mismatches}")
+    for sv, ring in svs:
+        sv.close()
+        ring.close()
+        ring.unlink()
+    for k in list(res["results"]):
+        res["results"][k]["step_ms"].pop("values", None)
+    out = results_path("step_fill_bench", "cpu", args.out)
+    out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {out}")
+    return 0 if mismatches == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""A Step's rows filled in chunks on the fill thread (overlapping the next rows' commits) write exactly
+what one fill of all rows after all commits writes: same ring bytes, same row results."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+from conftest import EOS, VOCAB
+
+from constraint_service.server import ConstraintServicer, SidecarOptions
+from constraint_service.types import UNCONSTRAINED
+from ninfer.constraint.v1 import constraint_pb2 as pb
+from shared_memory.layout import RingGeometry
+from shared_memory.ring import MaskRing
+
+LANES, POSITIONS = 12, 3
+
+
+class Ctx:
+    def abort_with_status(self, status):  # pragma: no cover - a failing Prepare fails the test
+        raise AssertionError(status)
+
+
+def _tok(b: bytes) -> int:
+    return VOCAB.token_bytes.index(b)
+
+
+def _make(chunk_rows: int):
+    geo = RingGeometry(num_slots=2, num_lanes=LANES, num_positions=POSITIONS, vocab_size=VOCAB.vocab_size)
+    ring = MaskRing.create(f"ninfer-test-chunks-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk_rows))
+    sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+        vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
+        eos_ids=list(VOCAB.eos_ids)), Ctx())
+    sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
+                                       num_lanes=geo.num_lanes, num_positions=geo.num_positions,
+                                       num_words=ring.geometry.num_words), Ctx())
+    for i in range(9):
+        c = (pb.Constraint(kind="regex", source="[a-c]{2,6}x") if i % 3 == 0 else
+             pb.Constraint(kind="choice", choices=["abc", "abd", "b"]) if i % 3 == 1 else
+             pb.Constraint(kind="grammar", source='root ::= "a" [b-c]* "x"'))
+        sv.Prepare(pb.PrepareRequest(request_id=f"r{i}", constraint=c), Ctx())
+    return sv, ring
+
+
+def _steps():
+    a, b, c, x = (_tok(ch) for ch in (b"a", b"b", b"c", b"x"))
+    first = [pb.RowStep(request_id=f"r{i}", row=i, commit_tokens=[], draft_tokens=[a, b][: i % 3])
+             for i in range(9)]
+    first.append(pb.RowStep(request_id="missing", row=10, commit_tokens=[]))  # no session: integrity error
+    second = [pb.RowStep(request_id=f"r{i}", row=i, commit_tokens=[a], draft_tokens=[c, x][: (i + 1) % 3])
+              for i in range(9)]
+    second[4] = pb.RowStep(request_id="r4", row=4, commit_tokens=[x])  # illegal for a choice row
+    second.append(pb.RowStep(request_id="r7", row=7, close=True))  # close of a row filled in this Step
+    third = [pb.RowStep(request_id=f"r{i}", row=i, commit_tokens=[b], draft_tokens=[c, x][: i % 3])
+             for i in (0, 2, 3, 5, 6, 8)]
+    third.append(pb.RowStep(request_id="r8", row=8, close=True, commit_tokens=[EOS]))
+    return [first, second, third]
+
+
+def _run(chunk_rows: int):
+    sv, ring = _make(chunk_rows)
+    try:
+        out = []
+        for seq, rows in enumerate(_steps(), start=1):
+            slot = seq % 2
+            resp = sv._step(pb.StepRequest(step_seq=seq, slot=slot, rows=rows))
+            out.append(([(r.request_id, r.row, r.status, r.complete, r.terminated, r.error, r.mask_positions)
+                         for r in resp.rows], ring.bitmask(slot).copy(), ring.status(slot).copy()))
+        return out
+    finally:
+        sv.close()
+        ring.close()
+        ring.unlink()
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4])
+def test_chunked_fill_writes_the_same_slot_as_one_fill(chunk_rows):
+    want, got = _run(0), _run(chunk_rows)
+    for (rows_w, bits_w, st_w), (rows_g, bits_g, st_g) in zip(want, got):
+        assert rows_g == rows_w
+        np.testing.assert_array_equal(st_g, st_w)
+        np.testing.assert_array_equal(bits_g, bits_w)
+    rows, _, status = got[0]
+    assert sum(r[2] == pb.ROW_STATUS_INTEGRITY_ERROR for r in rows) == 1
+    assert (status[9] == UNCONSTRAINED).all() and (status[11] == UNCONSTRAINED).all()
+    assert got[0][1][:9].any(axis=(1, 2)).all()  # every constrained row got a mask

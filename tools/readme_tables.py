@@ -1,0 +1,164 @@
+"""Regenerate the README's benchmark tables from committed results JSON (issue 12 "Honest benchmarks").
+
+usage:
+  python tools/readme_tables.py [--engine FILE.json] [--spec FILE.json] [--cpu FILE.json] [--write README.md]
+
+Each table is rendered from one results file (default: the newest ``bench/results/<bench>_*.json`` of
+that benchmark, CUDA preferred for engine/spec) and starts with a provenance line (date, device,
+revision, command). Without ``--write`` the tables are printed; with it, the text between
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME = engine | spec | cpu) in the README is
+replaced, and a README that lacks a marker pair is left unchanged for that table (reported on stderr).
+Random-weight models are labelled "random weights" in their table heading.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def _num(x, fmt="{:,.0f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _spread(row: dict, key: str, fmt="") -> str:
+    """``median`` plus `` (min–max)`` when repeats differ (default format: integer from 100 up, else 3 digits)."""
+    sp = row.get(f"{key}_spread") or {}
+    med = row.get(key)
+    if med is None:
+        return "–"
+    fmt = fmt or ("{:,.0f}" if abs(med) >= 100 else "{:.3g}")
+    if sp.get("n", 1) > 1 and sp.get("min") is not None and sp["min"] != sp["max"]:
+        return f"{fmt.format(med)} ({fmt.format(sp['min'])}–{fmt.format(sp['max'])})"
+    return fmt.format(med)
+
+
+def _provenance(doc: dict) -> str:
+    return (f"_{doc.get('date', '?')}, {doc.get('device') or doc.get('device_name', '?')}, revision "
+            f"`{doc.get('revision', '?')}`; command: `{doc.get('command', '?')}`_")
+
+
+def engine_tables(doc: dict) -> str:
+    """Per model: one row per B; per variant tok/s (median, spread over repeats), decode ratio vs
+    unconstrained, GPU idle per decode step (% of the step), HBM-bound fraction of the unconstrained step."""
+    s = doc.get("settings", {})
+    out = [_provenance(doc), "",
+           f"{s.get('steps')} measured steps after {s.get('warm_steps')} warm-up, {s.get('repeats', 1)} repeat(s) "
+           "(median, min–max); closed loop at constant B; cells: tok/s (decode ratio vs unconstrained; GPU idle "
+           "% of the decode step)."]
+    for m in doc.get("models", []):
+        runs = m.get("runs", [])
+        variants = [v for v in ("none", "json_schema", "json_schema_jsb", "grammar", "regex")
+                    if any(r["variant"] == v for r in runs)]
+        names = {"none": "unconstrained", "json_schema": "JSON Schema (sample)",
+                 "json_schema_jsb": "JSON Schema (JSONSchemaBench)", "grammar": "GBNF", "regex": "regex"}
+        tag = "**random weights**" if m.get("random_weights") else "real weights"
+        out += ["", f"**{m['label']}** ({tag}, V = {m.get('vocab_size'):,}, {m.get('dtype', '')})", "",
+                "| B | " + " | ".join(names[v] for v in variants) + " | HBM-bound fraction |",
+                "|---:|" + "---:|" * (len(variants) + 1)]
+        for b in sorted({r["batch"] for r in runs}):
+            by = {r["variant"]: r for r in runs if r["batch"] == b}
+            base = by.get("none")
+            cells = []
+            for v in variants:
+                r = by.get(v)
+                if r is None:
+                    cells.append("–")
+                    continue
+                extra = []
+                if v != "none" and base and base.get("decode_tokens_per_s") and r.get("decode_tokens_per_s"):
+                    extra.append(f"{r['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}")
+                if r.get("gpu_idle_pct") is not None:
+                    extra.append(f"idle {r['gpu_idle_pct']:.1f}%")
+                cells.append(_spread(r, "tokens_per_s") + (f" ({'; '.join(extra)})" if extra else ""))
+            frac = _num(base.get("hbm_bound_fraction") if base else None, "{:.2f}")
+            out.append(f"| {b} | " + " | ".join(cells) + f" | {frac} |")
+        for bl in m.get("baseline", []):
+            eng = next((r for r in runs if r["batch"] == bl["batch"] and r["variant"] == bl["variant"]), None)
+            ratio = f"{eng['tokens_per_s'] / bl['tokens_per_s']:.1f}×" if eng and bl.get("tokens_per_s") else "–"
+            out.append(f"* vs `transformers`{' + xgrammar' if bl['variant'] != 'none' else ''}"
+                       f"{' (static cache)' if bl.get('cache') == 'static' else ''} B={bl['batch']} {bl['variant']}: {_spread(bl, 'tokens_per_s')} tok/s → engine {ratio}")
+    return "\n".join(out)
+
+
+def spec_table(doc: dict) -> str:
+    out = [_provenance(doc), "",
+           f"K = {doc.get('num_draft_tokens')}, T = {doc.get('temperature')}, {doc.get('steps', '?')} steps × "
+           f"{doc.get('repeats', 1)} repeat(s), {doc.get('loop', 'open loop: B requests submitted at once').split(';')[0]}"
+           " (median, min–max).", "",
+           "| method | workload | B | tok/s | speed-up vs none | mean accepted length |",
+           "|---|---|---:|---:|---:|---:|"]
+    for r in doc.get("results", []):
+        out.append(f"| {r['label']} | {'json_schema' if r['constrained'] else 'none'} | {r['batch']} | "
+                   f"{_spread(r, 'tokens_per_s', '{:,.1f}')} | {_num(r.get('speedup_vs_none'), '{:.2f}')} | "
+                   f"{_num(r.get('mean_accepted_len'), '{:.2f}')} |")
+    return "\n".join(out)
+
+
+def cpu_table(doc: dict) -> str:
+    meta = doc.get("meta", {})
+    out = [_provenance(meta), "", "| B | kind | tok/s | vs unconstrained | vs transformers |",
+           "|---:|---|---:|---:|---:|"]
+    for s in doc.get("summary", []):
+        out.append(f"| {s['batch']} | {s['kind']} | {_spread(s, 'tokens_per_s', '{:,.1f}')} | "
+                   f"{_num(s.get('ratio_vs_unconstrained'), '{:.2f}')} | "
+                   f"{_num(s.get('ratio_vs_transformers'), '{:.2f}')} |")
+    return "\n".join(out)
+
+
+def newest(prefix: str, prefer: str = "cuda") -> Path | None:
+    """Newest ``bench/results/<prefix>*.json``, files whose name contains ``prefer`` first."""
+    files = sorted(RESULTS.glob(f"{prefix}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    pref = [p for p in files if prefer in p.name]
+    return (pref or files or [None])[0]
+
+
+def replace_block(text: str, name: str, body: str) -> tuple[str, bool]:
+    """Replace the text between the ``bench:name`` markers; (new text, found)."""
+    pat = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+    if not pat.search(text):
+        return text, False
+    return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text), True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", type=Path, default=None)
+    ap.add_argument("--spec", type=Path, default=None)
+    ap.add_argument("--cpu", type=Path, default=None)
+    ap.add_argument("--write", type=Path, default=None, help="README to update between the markers")
+    args = ap.parse_args(argv)
+    srcs = {"engine": args.engine or newest("engine_bench"), "spec": args.spec or newest("spec"),
+            "cpu": args.cpu or newest("cpu_bench", prefer="cpu_bench_")}
+    render = {"engine": engine_tables, "spec": spec_table, "cpu": cpu_table}
+    blocks = {}
+    for name, path in srcs.items():
+        if path is None or not Path(path).exists():
+            print(f"{name}: no results file", file=sys.stderr)
+            continue
+        try:
+            blocks[name] = f"<!-- generated by tools/readme_tables.py from {Path(path).name} -->\n" + \
+                render[name](json.loads(Path(path).read_text()))
+        except (KeyError, TypeError, ValueError) as e:
+            print(f"{name}: {path} is not in the expected format ({e!r})", file=sys.stderr)
+    if args.write is None:
+        for name, body in blocks.items():
+            print(f"### {name}\n{body}\n")
+        return 0
+    text = args.write.read_text()
+    for name, body in blocks.items():
+        text, found = replace_block(text, name, body)
+        if not found:
+            print(f"{name}: no <!-- bench:{name} --> ... <!-- /bench:{name} --> markers in {args.write}",
+                  file=sys.stderr)
+    args.write.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
