@@ -359,7 +359,10 @@ class Sidecar:
             r = next(self._step_responses)  # type: ignore[arg-type]
         except (grpc.RpcError, StopIteration, TypeError) as e:
             self._lost = True
-            raise SidecarUnavailable(f"Step stream broke: {e}") from None
+            # str(RpcError) is the call object's repr (``<_MultiThreadedRendezvous ...>``): never shown to clients
+            why = (f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) and hasattr(e, "code") else
+                   "the sidecar ended the stream" if isinstance(e, StopIteration) else "no Step stream")
+            raise SidecarUnavailable(f"Step stream broke ({why})") from None
         if r.step_seq != step_seq:
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
         return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,

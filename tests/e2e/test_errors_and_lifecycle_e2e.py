@@ -136,6 +136,7 @@ def test_sidecar_death_mid_request_fails_only_constrained_rows(own_stack):
     assert rf.error is None and rf.finish_reason in ("stop", "length")
     if rc.finish_reason == "error":
         assert rc.error["kind"] == "ConstraintServiceUnavailable" and rc.error["code"] == "UNAVAILABLE"
+        assert "Rendezvous" not in rc.error["message"] and "<" not in rc.error["message"], rc.error  # no repr
         assert re.fullmatch(r"[0-9 ]*", rc.text)
     s.stop()
     assert not shm_segments(s.port)
