@@ -264,13 +264,14 @@ class Sidecar:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        """True while the sidecar process runs (external: while its connection has not failed)."""
+        """True while the sidecar process runs and its connection has not failed (a broken Step
+        stream cannot be resumed: a live child behind one is restarted by :meth:`ensure_started`)."""
         if self.external:
             return self._stub is not None and not self._lost
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.poll() is None and not self._lost
 
     def ensure_started(self) -> None:
-        """Restart the sidecar if its process died."""
+        """Restart the sidecar if its process died or its connection broke."""
         with self._lock:
             if not self.alive():
                 self.restarts += 1
