@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any, Mapping, Sequence, TextIO
 
@@ -32,6 +33,17 @@ EXIT_REJECTED = 2
 _SPEC_CHOICES = ["none", "ngram", "early-exit", "early-exit-sampled"]
 
 
+def _seconds(text: str) -> float:
+    """argparse type of ``--timeout``: a finite number of seconds > 0 (else a usage error, exit 2)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
+
+
 def _add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server",
@@ -39,7 +51,7 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="server address (default: $NINFER_SERVER or 127.0.0.1:50051)",
     )
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline in seconds")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="deadline in seconds")
 
 
 def _add_input(p: argparse.ArgumentParser) -> None:

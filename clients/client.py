@@ -395,6 +395,15 @@ def _invalid(message: str) -> RequestRejected:
     return RequestRejected("INVALID_ARGUMENT", "InvalidRequest", message, "")
 
 
+def _in_range(name: str, value: int, lo: int, hi: int, rule: str) -> int:
+    """``int(value)`` when ``lo <= value <= hi`` (the proto field's range), else RequestRejected
+    ``"<name> must be <rule>, got <value>"`` (protobuf would raise a bare ValueError)."""
+    v = int(value)
+    if not lo <= v <= hi:
+        raise _invalid(f"{name} must be {rule}, got {value}")
+    return v
+
+
 def build_constraint(constraint: Mapping[str, Any] | None) -> pb.OutputConstraint | None:
     """Converts a constraint dict to an ``OutputConstraint``.
 
@@ -700,9 +709,7 @@ class NInferClient:
         else:
             req.chat.CopyFrom(build_chat(messages, continue_final_message))  # type: ignore[arg-type]
         if max_tokens is not None:
-            if max_tokens < 0:
-                raise _invalid("max_tokens must be >= 0")
-            req.max_tokens = int(max_tokens)
+            req.max_tokens = _in_range("max_tokens", max_tokens, 0, (1 << 32) - 1, "in [0, 2**32 - 1]")
         s = req.sampling
         for name, value in (
             ("temperature", temperature),
@@ -714,11 +721,9 @@ class NInferClient:
             if value is not None:
                 setattr(s, name, float(value))
         if top_k is not None:
-            s.top_k = int(top_k)
+            s.top_k = _in_range("top_k", top_k, -(1 << 31), (1 << 31) - 1, "a 32-bit integer")
         if seed is not None:
-            if seed < 0:
-                raise _invalid("seed must be >= 0")
-            s.seed = int(seed)
+            s.seed = _in_range("seed", seed, 0, (1 << 64) - 1, "in [0, 2**64 - 1]")
         oc = build_constraint(constraint)
         if oc is not None:
             req.constraint.CopyFrom(oc)
@@ -734,9 +739,8 @@ class NInferClient:
                 method = SPECULATIVE_METHODS[key]
             req.speculative.method = method
             if num_draft_tokens is not None:
-                if num_draft_tokens < 0:
-                    raise _invalid("num_draft_tokens must be >= 0")
-                req.speculative.num_draft_tokens = int(num_draft_tokens)
+                req.speculative.num_draft_tokens = _in_range("num_draft_tokens", num_draft_tokens, 0, (1 << 32) - 1,
+                                                             "in [0, 2**32 - 1]")
         req.tools.extend(build_tools(tools))
         tc = build_tool_choice(tool_choice, parallel_tool_calls, tool_constraints)
         if tc is not None:
@@ -749,9 +753,8 @@ class NInferClient:
                 thinking = key in ("on", "true")
             req.thinking.enabled = bool(thinking)
         if thinking_budget is not None:
-            if thinking_budget < 0:
-                raise _invalid("thinking_budget must be >= 0")
-            req.thinking.budget_tokens = int(thinking_budget)
+            req.thinking.budget_tokens = _in_range("thinking_budget", thinking_budget, 0, (1 << 32) - 1,
+                                                   "in [0, 2**32 - 1]")
         return req
 
     def generate(self, prompt: str | None = None, messages: Sequence[Any] | None = None, **kwargs: Any) -> GenerationStream:

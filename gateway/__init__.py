@@ -11,8 +11,10 @@ Entry points for the CLI and the engine's supervisor:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -37,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "$NINFER_ENGINE_API_KEY; unset = none)")
     ap.add_argument("--served-model-name", default="SmolLM2-135M-Instruct",
                     help="model name listed by /v1/models and accepted in requests (alias 'default' always works)")
+    ap.add_argument("--parent-pid", type=int, default=0,
+                    help="exit when this process dies (set by `ninfer serve --http-port`; Linux PR_SET_PDEATHSIG)")
     ap.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                     help="request body limit in bytes; larger bodies get 413")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "INFO"))
@@ -49,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     Prints ``ninfer gateway ready on HOST:PORT`` once it accepts requests.
     """
     args = build_parser().parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn
 
@@ -70,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     server.startup = announce  # type: ignore[method-assign]
     server.run()
     return 0 if server.started else 1
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Asks the kernel for SIGTERM (uvicorn's graceful shutdown) when the spawning thread's process dies,
+    so a SIGKILLed ``ninfer serve`` leaves no gateway holding its HTTP port; exits now if it is gone already."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:  # not glibc/Linux: nothing to arm
+        return
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        sys.exit(0)
 
 
 def spawn_gateway(engine_target: str, port: int, *, host: str = "127.0.0.1", api_key: str | None = None,

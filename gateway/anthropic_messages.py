@@ -20,7 +20,7 @@ from ninfer.v1 import generation_pb2 as pb
 from . import common as c
 from . import tools
 from .engine import ConstraintOrigin, EngineClient
-from .errors import ApiError, invalid, not_supported
+from .errors import ApiError, invalid, not_supported, shown
 
 ALLOWED = {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k", "stream", "metadata",
            "cache_control",
@@ -52,7 +52,7 @@ def _messages(body: dict) -> list[dict]:
             raise invalid(p, "expected a message object")
         role = m.get("role")
         if role not in ("user", "assistant"):
-            raise invalid(f"{p}.role", f"expected user or assistant, got {role!r}")
+            raise invalid(f"{p}.role", f"expected user or assistant, got {shown(role)}")
         c.reject_unknown(m, {"role", "content"}, f"{p}.")
         content = m.get("content")
         if isinstance(content, list):
@@ -78,7 +78,7 @@ def _constraint(body: dict) -> tuple[dict | None, ConstraintOrigin | None]:
     if fmt is None:
         return None, None
     if fmt.get("type") != "json_schema":
-        raise invalid("output_config.format.type", f"expected json_schema, got {fmt.get('type')!r}")
+        raise invalid("output_config.format.type", f"expected json_schema, got {shown(fmt.get('type'))}")
     c.reject_unknown(fmt, {"type", "schema"}, "output_config.format.")
     return c.json_schema_constraint(fmt.get("schema"), "output_config.format.schema")
 

@@ -172,6 +172,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
         if not isinstance(body, dict):
             raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}", None,
                            "InvalidRequest")
+        if "\\u" in raw.decode("utf-8", "replace"):  # only escapes can smuggle in a lone surrogate
+            try:
+                json.dumps(body, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as e:  # "\ud800" alone: valid JSON, but not a Unicode string
+                raise ApiError(400, f"the request body is not valid JSON text: a string holds the unpaired "
+                                    f"UTF-16 surrogate escape \\u{ord(e.object[e.start]):04x}", None,
+                               "InvalidJSON") from None
         return body
 
     async def until_disconnect(request: Request, work) -> Response:

@@ -18,7 +18,7 @@ from clients.client import build_chat
 from ninfer.v1 import generation_pb2 as pb
 
 from .engine import ConstraintOrigin
-from .errors import ApiError, invalid, not_supported
+from .errors import ApiError, invalid, not_supported, shown
 
 #: NInfer extension key on the final response / final SSE event (seed 000: the constraint
 #: object of the final result — kind, complete, terminated, cache).
@@ -62,7 +62,7 @@ def get_number(body: Mapping[str, Any], key: str, path: str, lo: float, hi: floa
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise invalid(path, f"expected a number, got {v!r}")
+        raise invalid(path, f"expected a number, got {shown(v)}")
     if v > hi or v < lo or (lo_open and v == lo):
         raise invalid(path, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}")
     return float(v)
@@ -76,7 +76,7 @@ def get_int(body: Mapping[str, Any], key: str, path: str, lo: int, hi: int, requ
             raise invalid(path, "is required")
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise invalid(path, f"expected an integer, got {v!r}")
+        raise invalid(path, f"expected an integer, got {shown(v)}")
     if not lo <= v <= hi:
         raise invalid(path, f"must be in [{lo}, {hi}], got {v}")
     return v
@@ -88,7 +88,7 @@ def get_bool(body: Mapping[str, Any], key: str, path: str) -> bool:
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise invalid(path, f"expected a boolean, got {v!r}")
+        raise invalid(path, f"expected a boolean, got {shown(v)}")
     return v
 
 
@@ -260,7 +260,7 @@ def text_of_parts(content: Any, path: str, text_types: tuple[str, ...], hints: t
             raise invalid(p, "expected a content part object")
         ptype = part.get("type")
         if ptype not in text_types:
-            raise not_supported(f"{p}.type", f"content part type {ptype!r} is not supported yet by the NInfer "
+            raise not_supported(f"{p}.type", f"content part type {shown(ptype)} is not supported yet by the NInfer "
                                              f"engine API (text only: {', '.join(text_types)})")
         text = part.get("text")
         if not isinstance(text, str):

@@ -80,6 +80,16 @@ class ApiError(Exception):
         return {"type": "error", "error": {"type": etype, "message": self.message}}
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """A request value as the client wrote it (JSON text, cut to ``limit`` chars) for error messages:
+    ``null`` / ``true`` / ``["u"]``, never Python's ``None`` / ``True`` / ``['u']``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def invalid(param: str | None, message: str, code: str = "InvalidRequest") -> ApiError:
     """A 400 whose message starts with the field path: ``"<param>: <message>"``."""
     return ApiError(400, f"{param}: {message}" if param else message, param, code)

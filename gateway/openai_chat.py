@@ -21,7 +21,7 @@ from ninfer.v1 import generation_pb2 as pb
 from . import common as c
 from . import tools
 from .engine import ConstraintOrigin, EngineClient
-from .errors import ApiError, invalid, not_supported
+from .errors import ApiError, invalid, not_supported, shown
 
 ALLOWED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
            "presence_penalty", "frequency_penalty", "stream", "stream_options", "response_format",
@@ -48,11 +48,11 @@ def _messages(body: dict) -> list[dict]:
         p = f"messages[{i}]"
         if not isinstance(m, dict):
             raise invalid(p, "expected a message object")
-        role = m.get("role") if isinstance(m.get("role"), str) else repr(m.get("role"))
+        role = m.get("role")
         if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
             tools.reject_tool_history(p)
-        if role not in ROLES:
-            raise invalid(f"{p}.role", f"expected system, developer, user, assistant or tool, got {role!r}")
+        if not isinstance(role, str) or role not in ROLES:
+            raise invalid(f"{p}.role", f"expected system, developer, user, assistant or tool, got {shown(role)}")
         c.reject_unknown(m, {"role", "content", "refusal"}, f"{p}.")
         if m.get("refusal") is not None:
             raise not_supported(f"{p}.refusal")
@@ -87,7 +87,7 @@ def _constraint(body: dict) -> tuple[dict | None, ConstraintOrigin | None]:
         c.get_str(js, "name", "response_format.json_schema.name", required=True)
         c.get_bool(js, "strict", "response_format.json_schema.strict")  # enforced either way
         return c.json_schema_constraint(js.get("schema"), "response_format.json_schema.schema")
-    raise invalid("response_format.type", f"expected text, json_object or json_schema, got {rtype!r}")
+    raise invalid("response_format.type", f"expected text, json_object or json_schema, got {shown(rtype)}")
 
 
 def parse(body: dict, served_model: str) -> ChatRequest:

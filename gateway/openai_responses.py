@@ -21,7 +21,7 @@ from ninfer.v1 import generation_pb2 as pb
 from . import common as c
 from . import tools
 from .engine import ConstraintOrigin, EngineClient
-from .errors import ApiError, invalid, not_supported
+from .errors import ApiError, invalid, not_supported, shown
 
 ALLOWED = {"model", "input", "instructions", "text", "max_output_tokens", "temperature", "top_p", "stream",
            "tools", "tool_choice", "parallel_tool_calls", "reasoning", "store", "user", "structured_outputs",
@@ -58,17 +58,16 @@ def _input(body: dict) -> list[dict]:
         if not isinstance(item, dict):
             raise invalid(p, "expected an input item object")
         itype = item.get("type") or "message"
-        itype = itype if isinstance(itype, str) else repr(itype)
         if itype in ("function_call", "function_call_output"):
             tools.reject_tool_history(p)
         if itype == "reasoning":
             tools.require_engine_thinking(p)
         if itype != "message":
-            raise not_supported(f"{p}.type", f"input item type {itype!r} is not supported yet by the NInfer "
+            raise not_supported(f"{p}.type", f"input item type {shown(itype)} is not supported yet by the NInfer "
                                              "engine API")
-        role = item.get("role") if isinstance(item.get("role"), str) else repr(item.get("role"))
-        if role not in ROLES:
-            raise invalid(f"{p}.role", f"expected system, developer, user or assistant, got {role!r}")
+        role = item.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise invalid(f"{p}.role", f"expected system, developer, user or assistant, got {shown(role)}")
         c.reject_unknown(item, {"type", "role", "content", "id", "status"}, f"{p}.")
         text = c.text_of_parts(item.get("content"), f"{p}.content", TEXT_TYPES, hints=("annotations", "logprobs"))
         msgs.append({"role": ROLES[role], "content": text})
@@ -97,7 +96,7 @@ def _constraint(body: dict) -> tuple[dict | None, ConstraintOrigin | None, dict]
         c.get_bool(fmt, "strict", "text.format.strict")  # enforced either way
         constraint, origin = c.json_schema_constraint(fmt.get("schema"), "text.format.schema")
         return constraint, origin, echo
-    raise invalid("text.format.type", f"expected text, json_object or json_schema, got {ftype!r}")
+    raise invalid("text.format.type", f"expected text, json_object or json_schema, got {shown(ftype)}")
 
 
 def parse(body: dict, served_model: str) -> ResponsesRequest:

@@ -55,7 +55,8 @@ class GatewaySupervisor:
         with self._lock:
             self._proc = spawn_gateway(self.engine_target, self.port, host=self.host, api_key=self.api_key,
                                        engine_api_key=self.api_key,
-                                       model_name=self.model_name, stdin=subprocess.DEVNULL)
+                                       model_name=self.model_name, stdin=subprocess.DEVNULL,
+                                       extra_args=["--parent-pid", str(os.getpid())])
 
     def start(self) -> None:
         """Starts the gateway and the watcher thread."""

@@ -362,7 +362,9 @@ class Emitter:
         # S[i][first]: properties i.. then the additional tail
         memo = {}
 
-        def S(i: int, first: bool) -> str:
+        def S(i: int, first: bool):
+            # A generator: ``yield (j, f)`` asks for S(j, f) (run by ``chain`` on an explicit stack, so
+            # 5,000 properties do not hit Python's recursion limit; same rules in the same order).
             k = (i, first)
             if k in memo:
                 return memo[k]
@@ -380,13 +382,27 @@ class Emitter:
             sep = "" if first else '"," '
             rule = self.fresh("o")
             memo[k] = rule
-            alts = [f'{sep}{lit} ":" {self.ref(node, ptr)} {S(i + 1, False)}']
+            value = self.ref(node, ptr)
+            alts = [f'{sep}{lit} ":" {value} {(yield (i + 1, False))}']
             if name not in o.required:
-                alts.append(S(i + 1, first))
+                alts.append((yield (i + 1, first)))
             self.add(rule, " | ".join(alts))
             return rule
 
-        return f'"{{" {S(0, True)} "}}"'
+        def chain(i: int, first: bool) -> str:
+            stack, result = [S(i, first)], None
+            while stack:
+                try:
+                    want = stack[-1].send(result)
+                except StopIteration as done:
+                    stack.pop()
+                    result = done.value
+                    continue
+                stack.append(S(*want))
+                result = None
+            return result
+
+        return f'"{{" {chain(0, True)} "}}"'
 
 
 def emit_grammar(root: Node, ptr: str = "", expand_repetitions: bool = False) -> str:

@@ -24,6 +24,9 @@ __all__ = ["CHAT_ROLES", "MAX_CHOICES", "MAX_CONSTRAINT_SOURCE_BYTES", "ChatMess
 
 MAX_CONSTRAINT_SOURCE_BYTES = 1 << 20  # 1 MiB of schema / grammar / regex text
 MAX_CHOICES = 4096
+#: request_id limit: the id travels in every sidecar Step row, span and log line; a 5 MB id broke the
+#: engine<->sidecar Step stream (gRPC 4 MiB message limit) for every constrained request.
+MAX_REQUEST_ID_BYTES = 256
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -111,6 +114,12 @@ class GenerateParams:
             RequestError: ``InvalidRequest`` (input, sampling ranges, chat roles, source size),
                 ``InvalidChoice`` (too many options); message says expected vs actual.
         """
+        n_id = len(self.request_id.encode())
+        if n_id > MAX_REQUEST_ID_BYTES:
+            raise RequestError(ErrorKind.INVALID_REQUEST, f"request_id is {n_id} bytes; at most "
+                               f"{MAX_REQUEST_ID_BYTES} bytes")
+        if any(ch < " " or ch == "\x7f" for ch in self.request_id):
+            raise RequestError(ErrorKind.INVALID_REQUEST, "request_id must not contain control characters")
         if (self.prompt is None) == (self.messages is None):
             raise RequestError(ErrorKind.INVALID_REQUEST, "expected one of `prompt` or `chat`, got "
                                + ("neither" if self.prompt is None else "both"))

@@ -264,13 +264,14 @@ class Sidecar:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        """True while the sidecar process runs (external: while its connection has not failed)."""
+        """True while the sidecar process runs and its connection has not failed (a broken Step
+        stream cannot be resumed: a live child behind one is restarted by :meth:`ensure_started`)."""
         if self.external:
             return self._stub is not None and not self._lost
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.poll() is None and not self._lost
 
     def ensure_started(self) -> None:
-        """Restart the sidecar if its process died."""
+        """Restart the sidecar if its process died or its connection broke."""
         with self._lock:
             if not self.alive():
                 self.restarts += 1
@@ -364,7 +365,10 @@ class Sidecar:
             r = next(self._step_responses)  # type: ignore[arg-type]
         except (grpc.RpcError, StopIteration, TypeError) as e:
             self._lost = True
-            raise SidecarUnavailable(f"Step stream broke: {e}") from None
+            # str(RpcError) is the call object's repr (``<_MultiThreadedRendezvous ...>``): never shown to clients
+            why = (f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) and hasattr(e, "code") else
+                   "the sidecar ended the stream" if isinstance(e, StopIteration) else "no Step stream")
+            raise SidecarUnavailable(f"Step stream broke ({why})") from None
         if r.step_seq != step_seq:
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
         return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,

@@ -156,12 +156,24 @@ def test_env_default_server(fake_server, monkeypatch):
         ["--json-schema-file", "s", "--json-object"],
         ["--speculative", "bogus"],
         ["--system", "s"],  # --system without --chat
+        ["--timeout", "-5"],
+        ["--timeout", "nan"],
     ],
 )
 def test_usage_errors_exit_2(extra, capsys):
     rc, out, err = run(["generate", "x", *extra])
     assert rc == 2
     assert "usage:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--max-tokens", "99999999999"), ("--seed", "99999999999999999999999"),
+                                        ("--seed", "-1"), ("--top-k", "99999999999"),
+                                        ("--num-draft-tokens", "99999999999")])
+def test_out_of_range_integers_exit_2(flag, value):
+    """Values the proto field cannot hold are a structured InvalidRequest, not a ValueError traceback."""
+    rc, out, err = run(["generate", "x", flag, value, "--server", "127.0.0.1:1"])
+    assert rc == 2 and err.startswith(f"error: InvalidRequest: {flag[2:].replace('-', '_')} must be "), err
+    assert value in err
 
 
 def test_no_command_exit_2(capsys):

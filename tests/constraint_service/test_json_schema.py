@@ -233,6 +233,16 @@ def test_optional_properties_linear_and_correct():
     assert not acc('{"p6":1,"p5":2}') and not acc('{,"p1":1}') and not acc('{"p1":1,}')
 
 
+def test_thousands_of_properties_are_not_nesting():
+    """A flat object with 3,000 properties (1/3 required) was "nesting too deep" (the property chain
+    recursed once per property); it is a grammar like any other."""
+    props = {f"p{i}": {"type": "integer"} for i in range(3000)}
+    acc = lang({"type": "object", "properties": props, "required": ["p0", "p1500", "p2999"],
+                "additionalProperties": False})
+    assert acc('{"p0":1,"p1500":2,"p2999":3}') and acc('{"p0":1,"p7":0,"p1500":2,"p2999":3}')
+    assert not acc('{"p0":1,"p2999":3}') and not acc('{"p0":1,"p2999":3,"p1500":2}')
+
+
 def test_unknown_keywords_are_annotations_unless_reject_mode():
     src = json.dumps({"type": "string", "x-custom": 1, "javaName": "y"})
     with pytest.raises(ConstraintError) as ei:

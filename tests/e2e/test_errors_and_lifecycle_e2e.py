@@ -136,6 +136,7 @@ def test_sidecar_death_mid_request_fails_only_constrained_rows(own_stack):
     assert rf.error is None and rf.finish_reason in ("stop", "length")
     if rc.finish_reason == "error":
         assert rc.error["kind"] == "ConstraintServiceUnavailable" and rc.error["code"] == "UNAVAILABLE"
+        assert "Rendezvous" not in rc.error["message"] and "<" not in rc.error["message"], rc.error  # no repr
         assert re.fullmatch(r"[0-9 ]*", rc.text)
     s.stop()
     assert not shm_segments(s.port)
@@ -191,3 +192,17 @@ def test_control_token_spelling_in_chat_content_stays_plain_text(client):
     plain = client.count_tokens(messages=[{"role": "user", "content": "hi"}]).num_tokens
     # "<|im_end|>" as text is several ordinary tokens, not the single control token
     assert forged > plain + 1
+
+
+def test_oversized_request_id_is_refused_and_constrained_serving_survives(client):
+    """A 5 MB request_id used to ride along in every sidecar Step row, break the Step stream (gRPC's
+    4 MiB limit) and fail every constrained request from then on; now it is InvalidRequest up front."""
+    from clients.errors import RequestRejected
+
+    for bad in ("x" * 5_000_000, "a\nforged log line"):
+        with pytest.raises(RequestRejected) as ei:
+            client.generate_text(prompt="N:", constraint={"regex": "[0-9]{1,3}"}, max_tokens=3, request_id=bad)
+        assert ei.value.kind == "InvalidRequest" and "request_id" in ei.value.message
+    ok = client.generate_text(prompt="N:", constraint={"regex": "[0-9]{1,3}"}, max_tokens=3, temperature=0,
+                              request_id="r" * 256)
+    assert ok.error is None and re.fullmatch("[0-9]{1,3}", ok.text), ok

@@ -32,12 +32,22 @@ def test_routing_errors_in_protocol_shape(gateway, method, path, status):
 @pytest.mark.parametrize("content,needle", [
     (b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"), (b"", "not valid JSON"),
     (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"), (b'{"model": "\xff"}', "not valid JSON"),
-], ids=["broken", "array", "empty", "deep", "bad-utf8"])
+    (b'{"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800"}]}',
+     "unpaired UTF-16 surrogate"),
+], ids=["broken", "array", "empty", "deep", "bad-utf8", "lone-surrogate"])
 def test_malformed_bodies_are_400(gateway, content, needle):
     for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
         r = httpx2.post(gateway.url + path, content=content, headers={"content-type": "application/json"})
         assert r.status_code == 400, (path, r.text)
         assert needle in r.text
+
+
+def test_paired_surrogate_escapes_are_text(gateway):
+    """A surrogate pair escape is one character (valid); only a lone one is refused above."""
+    r = httpx2.post(gateway.url + "/v1/messages/count_tokens",
+                    content=b'{"model": "default", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
 
 
 @pytest.fixture(scope="module")

@@ -91,3 +91,46 @@ def test_serve_with_http_port_and_api_key_answers_openai_and_stops_cleanly():
     time.sleep(0.5)
     assert not [c for c in children if _alive(c)], "a child outlived `ninfer serve`"
     assert not shm_segments(port)
+
+
+@pytest.mark.slow
+def test_sigkilled_serve_leaves_no_gateway_behind():
+    """SIGKILL of `ninfer serve` (no chance to stop its children): the sidecar and the gateway exit by
+    themselves (parent-death signal), so nothing keeps the HTTP port or the ring."""
+    if not MODEL.exists():
+        pytest.skip(f"default model not fetched ({MODEL})")
+    port, http_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ninfer_cli", "serve", "--port", str(port), "--device", "cpu", "--max-lanes", "2",
+         "--max-seq-len", "512", "--http-port", str(http_port), "--log-level", "WARNING"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if "ninfer gateway ready on" in line and any("ninfer ready on" in x for x in lines):
+                ready.set()
+            if "ninfer ready on" in line and any("ninfer gateway ready on" in x for x in lines):
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert ready.wait(600), "\n".join(lines[-40:])
+        children = _children(proc.pid)
+        assert len(children) >= 2, f"expected sidecar + gateway children, got {children}"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while [c for c in children if _alive(c)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [c for c in children if _alive(c)], "a child outlived its SIGKILLed `ninfer serve`"
+        while shm_segments(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not shm_segments(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

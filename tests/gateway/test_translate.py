@@ -210,3 +210,23 @@ def test_any_odd_value_is_an_api_error_never_a_crash(module):
             module.parse(body, M)
         except ApiError as e:
             assert 400 <= e.status < 500, (body, e.status)
+
+
+@pytest.mark.parametrize("parse,body,needle", [
+    (openai_chat.parse, {"model": "m", "messages": [{"role": None, "content": "x"}]}, "got null"),
+    (openai_chat.parse, {"model": "m", "messages": [{"role": ["u"], "content": "x"}]}, 'got ["u"]'),
+    (openai_chat.parse, {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": None,
+                         "temperature": True}, "got true"),
+    (openai_responses.parse, {"model": "m", "input": [{"type": "message", "role": {"a": 1}, "content": "x"}]},
+     'got {"a": 1}'),
+    (openai_responses.parse, {"model": "m", "input": [{"type": 5, "role": "user", "content": "x"}]},
+     "input item type 5 is"),
+    (anthropic_messages.parse, {"model": "m", "max_tokens": 3, "messages": [{"role": None, "content": "x"}]},
+     "got null"),
+], ids=["chat-role-null", "chat-role-list", "chat-bool-number", "responses-role-object", "responses-type-int",
+        "anthropic-role-null"])
+def test_bad_values_are_shown_as_json_not_python_repr(parse, body, needle):
+    with pytest.raises(ApiError) as ei:
+        parse(body, "m")
+    assert ei.value.status == 400 and needle in ei.value.message, ei.value.message
+    assert "None" not in ei.value.message and "'" not in ei.value.message

@@ -1,0 +1,56 @@
+"""A broken Step stream to a sidecar child that still runs is repaired by a restart (real sidecar process).
+
+Before: ``Sidecar.alive()`` looked only at the process, so after a Step stream broke while the child kept
+running (e.g. RESOURCE_EXHAUSTED on an oversized answer) ``ensure_started`` never reconnected and every later
+constrained request failed with the same "Step stream broke" until the engine was restarted.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from gpu_engine.engine.stats import ring_geometry
+from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
+from shared_memory.ring import MaskRing
+
+V, EOS = 64, 63
+
+
+@pytest.fixture()
+def sidecar():
+    vocab = TokenVocabulary(V, tuple(bytes([65 + i % 26]) for i in range(V - 1)) + (b"",), frozenset({EOS}), (EOS,))
+    geo = ring_geometry(4, 0, V)
+    ring = MaskRing.create(f"ninfer-test-reconnect-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+    sc = Sidecar(None, vocab, dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
+                                   num_lanes=geo.num_lanes, num_positions=geo.num_positions,
+                                   num_words=geo.num_words))
+    try:
+        sc.start()
+        yield sc
+    finally:
+        sc.stop()
+        ring.close()
+        ring.unlink()
+
+
+def _step_ok(sc: Sidecar, rid: str, seq: int) -> bool:
+    sc.prepare(rid, "regex", "[A-C]+", [], b"")
+    sc.send_step(seq, 0, [StepRow(rid, 0, [], [])])
+    results, _ = sc.recv_step(seq)
+    return [(r.request_id, r.status) for r in results] == [(rid, RowStatus.OK)]
+
+
+def test_broken_step_stream_restarts_a_live_sidecar(sidecar):
+    assert _step_ok(sidecar, "a", 1)
+    first_pid, first_gen = sidecar.pid, sidecar.generation
+    sidecar._channel.close()  # the Step stream breaks; the child process keeps running
+    with pytest.raises(SidecarUnavailable):
+        sidecar.send_step(2, 1, [StepRow("a", 0, [], [])])
+        sidecar.recv_step(2)
+    assert not sidecar.alive()
+    sidecar.ensure_started()
+    assert sidecar.alive() and sidecar.generation == first_gen + 1 and sidecar.pid != first_pid
+    assert _step_ok(sidecar, "b", 1)
