@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import ConstraintError
-from ..regex.ebnf import JSON_PLAIN, _cp, class_text, repeat
+from ..regex.ebnf import JSON_PLAIN, _cp, class_text, json_literal, repeat
 from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
                      ebnf_string, parse_regex, product_dfa, search_ast)
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
@@ -92,10 +92,6 @@ def _counted(ast) -> bool:
     if kind in ("cat", "alt"):
         return any(_counted(c) for c in ast[1])
     return False
-
-
-def json_literal(v) -> str:
-    return ebnf_string(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
 
 
 class Emitter:

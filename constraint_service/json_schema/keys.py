@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..errors import ConstraintError
 from ..regex import AutomatonLimit, build_nfa, charset as cs, dfa_to_rules, parse_regex, search_ast
 from ..regex.automaton import DFA, eps_closure, nfa_charsets, prune, step
-from ..regex.ebnf import repeat
+from ..regex.ebnf import json_literal, repeat
 from .ir import NEVER, Object, String
 
 MAX_STATES = 65_536
@@ -184,7 +184,6 @@ def object_general(em, o: Object, ptr: str) -> str:
         alts = []
         if mx is None or c < mx:
             sep = "" if first else '"," '
-            from .emit import json_literal
             alts.append(f'{sep}{json_literal(name)} ":" {em.ref(node, ptr)} {S(i + 1, min(c + 1, cap) if mx is None else c + 1, False)}')
         if name not in o.required:
             alts.append(S(i + 1, c, first))

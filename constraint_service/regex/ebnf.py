@@ -1,6 +1,8 @@
 """EBNF emission (xgrammar dialect) for regex ASTs and DFAs, raw text or JSON-string-escaped."""
 from __future__ import annotations
 
+import json
+
 from . import charset as cs
 
 # characters that are written verbatim inside a canonical JSON string
@@ -30,6 +32,11 @@ def class_text(ranges) -> str:
     for lo, hi in ranges:
         parts.append(_cp(lo) if lo == hi else _cp(lo) + "-" + _cp(hi))
     return "[" + "".join(parts) + "]"
+
+
+def json_literal(v) -> str:
+    """EBNF string literal of the compact JSON text of ``v`` (the canonical generation form)."""
+    return ebnf_string(json.dumps(v, ensure_ascii=False, separators=(",", ":")))
 
 
 def ebnf_string(text: str) -> str:
