@@ -2,12 +2,10 @@
 canonical JSON string escapes)."""
 from __future__ import annotations
 
-import json
-
 from ..errors import ConstraintError
 from ..regex.ebnf import JSON_PLAIN, _cp, class_text, json_literal, repeat
 from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
-                     ebnf_string, parse_regex, product_dfa, search_ast)
+                     parse_regex, product_dfa, search_ast)
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union)
 from .keys import object_general, string_general
