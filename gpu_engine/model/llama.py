@@ -190,8 +190,10 @@ class LlamaModel(nn.Module):
                 p.normal_(0.0, std, generator=g)
 
     def set_attention(self, attention: str) -> None:
-        """Choose the attention implementation: ``"auto"`` (the Triton paged kernel for decode/verify
-        rows on CUDA when triton imports, gather + SDPA otherwise), ``"reference"`` or ``"triton"``.
+        """Choose the attention implementation: ``"auto"`` (= ``"reference"``: gather of the lane's blocks +
+        SDPA), ``"reference"`` or ``"triton"`` (the paged decode kernel, opt-in: on the H200 run of
+        2026-12-01 the GPU suite hit an illegal memory access with it on tiny test shapes, and it was slower
+        than the reference at B=1 — see bench/results/model_bench_h200_attention.log).
         Set before CUDA graphs are captured (graphs keep the implementation they captured).
 
         Raises:
@@ -199,12 +201,10 @@ class LlamaModel(nn.Module):
         """
         import os
 
-        from gpu_engine.model.paged_attention import triton_available
-
         if attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
         if attention == "auto":
-            attention = "triton" if self.device.type == "cuda" and triton_available() else "reference"
+            attention = "reference"
         elif attention == "triton" and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("attention 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
         self.attention = attention
