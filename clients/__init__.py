@@ -12,6 +12,8 @@ from .client import (
     NInferClient,
     TokenCount,
     build_constraint,
+    build_tool_choice,
+    build_tools,
     default_target,
 )
 from .errors import (
@@ -37,6 +39,8 @@ __all__ = [
     "ServerUnavailable",
     "TokenCount",
     "build_constraint",
+    "build_tool_choice",
+    "build_tools",
     "default_target",
     "error_detail_from_rpc_error",
     "exception_from_rpc_error",

@@ -80,7 +80,22 @@ def build_parser(extra_commands: Mapping[str, str] | None = None) -> argparse.Ar
     g.add_argument("--frequency-penalty", type=float, default=None, metavar="X")
     g.add_argument("--speculative", choices=_SPEC_CHOICES, default=None)
     g.add_argument("--num-draft-tokens", type=int, default=None, metavar="K")
-    g.add_argument("--format", choices=["text", "json"], default="text", help="output format (default text)")
+    g.add_argument("--tools-file", metavar="F", help="JSON list of OpenAI-style function tools (with --chat)")
+    g.add_argument(
+        "--tool-choice",
+        default=None,
+        metavar="auto|none|required|NAME",
+        help="tool call policy (default auto; NAME = call exactly that tool once)",
+    )
+    g.add_argument("--no-parallel-tool-calls", action="store_true", help="at most one tool call in the turn")
+    g.add_argument("--thinking", choices=["on", "off"], default=None, help="reasoning stage on/off (default: the model's)")
+    g.add_argument("--thinking-budget", type=int, default=None, metavar="N", help="reasoning token budget; the close is forced after N")
+    g.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="output format (default text); json adds reasoning and tool_calls",
+    )
     _add_server(g)
 
     c = sub.add_parser("count-tokens", help="count the tokens of a prompt")
@@ -133,6 +148,24 @@ def _constraint(args: argparse.Namespace) -> dict | None:
     return None
 
 
+def _tools(args: argparse.Namespace) -> list | None:
+    """Reads ``--tools-file``: a JSON list of OpenAI-style function tools."""
+    if args.tools_file is None:
+        return None
+    text = _read_file(args.tools_file, "tools")
+    try:
+        tools = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestRejected(
+            "INVALID_ARGUMENT", "InvalidRequest", f"tools file {args.tools_file!r} is not JSON: {e}", f"{e.lineno}:{e.colno}"
+        ) from None
+    if isinstance(tools, dict) and "tools" in tools:
+        tools = tools["tools"]
+    if not isinstance(tools, list):
+        raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"tools file {args.tools_file!r} must hold a JSON list", "")
+    return tools
+
+
 def _exit_for(result: GenerationResult) -> int:
     return EXIT_OK if result.ok else EXIT_FAILURE
 
@@ -171,6 +204,11 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
             frequency_penalty=args.frequency_penalty,
             speculative=args.speculative,
             num_draft_tokens=args.num_draft_tokens,
+            tools=_tools(args),
+            tool_choice=args.tool_choice,
+            parallel_tool_calls=False if args.no_parallel_tool_calls else None,
+            thinking=args.thinking,
+            thinking_budget=args.thinking_budget,
         )
     except NInferError as exc:
         return fail(exc)
@@ -180,9 +218,8 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
         try:
             stream = client.generate(**kwargs)
             for event in stream:
-                if not as_json and event.text:
-                    out.write(event.text)
-                    out.flush()
+                if not as_json:
+                    _print_event(event, out, err)
             result = stream.result
             assert result is not None
         except NInferError as exc:
@@ -201,6 +238,22 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
         elif result.finish_reason == "cancelled":
             print("error: cancelled", file=err, flush=True)
     return _exit_for(result)
+
+
+def _print_event(event: Any, out: TextIO, err: TextIO) -> None:
+    """Text mode: content to stdout; reasoning to stderr; each completed tool
+    call as one ``[tool_call] NAME ARGUMENTS_JSON`` line on stdout."""
+    if event.channel == "reasoning":
+        if event.text:
+            err.write(event.text)
+            err.flush()
+    elif event.channel == "content":
+        if event.text:
+            out.write(event.text)
+            out.flush()
+    if event.tool_call is not None:
+        out.write(f"[tool_call] {event.tool_call['name']} {event.tool_call['arguments_json']}\n")
+        out.flush()
 
 
 def _cmd_count_tokens(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: TextIO) -> int:
@@ -261,9 +314,17 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as e:  # usage errors (2) and --help (0)
         return int(e.code) if isinstance(e.code, int) else EXIT_REJECTED
-    if getattr(args, "system", None) is not None and not args.chat:
+    needs_chat = [
+        flag
+        for flag, attr in (("--system", "system"), ("--tools-file", "tools_file"), ("--tool-choice", "tool_choice"),
+                           ("--thinking", "thinking"), ("--thinking-budget", "thinking_budget"))
+        if getattr(args, attr, None) is not None
+    ]
+    if getattr(args, "no_parallel_tool_calls", False):
+        needs_chat.append("--no-parallel-tool-calls")
+    if needs_chat and not getattr(args, "chat", False):
         try:
-            parser.error("--system requires --chat")
+            parser.error(f"{needs_chat[0]} requires --chat")
         except SystemExit as e:
             return int(e.code) if isinstance(e.code, int) else EXIT_REJECTED
 

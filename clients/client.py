@@ -49,6 +49,25 @@ FINISH_REASONS = {
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_ERROR: "error",
     pb.FINISH_REASON_CANCELLED: "cancelled",
+    pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
+}
+
+CHANNELS = {
+    pb.CHANNEL_UNSPECIFIED: "content",
+    pb.CHANNEL_CONTENT: "content",
+    pb.CHANNEL_REASONING: "reasoning",
+    pb.CHANNEL_TOOL_CALL: "tool_call",
+}
+
+TOOL_CHOICE_MODES = {
+    "auto": pb.TOOL_CHOICE_MODE_AUTO,
+    "none": pb.TOOL_CHOICE_MODE_NONE,
+    "required": pb.TOOL_CHOICE_MODE_REQUIRED,
+}
+
+TOOL_CONSTRAINT_MODES = {
+    "basic": pb.TOOL_CONSTRAINT_MODE_BASIC,
+    "automatic": pb.TOOL_CONSTRAINT_MODE_AUTOMATIC,
 }
 
 CACHE_STATUS = {
@@ -72,12 +91,18 @@ class GenerationResult:
     """The outcome of one generation.
 
     Attributes:
-        text: the generated text (all deltas concatenated).
-        finish_reason: ``"stop"``, ``"length"``, ``"error"`` or ``"cancelled"``.
+        text: the generated content text (all content deltas concatenated;
+            reasoning and tool-call wire text excluded).
+        finish_reason: ``"stop"``, ``"length"``, ``"tool_calls"``, ``"error"``
+            or ``"cancelled"``.
         usage: ``{prompt_tokens, completion_tokens, draft_tokens, accepted_draft_tokens}``.
         constraint: ``{kind, complete, terminated, cache, prepare_seconds}`` or None
             when the request had no constraint.
         error: ``{code, kind, message, location}`` or None.
+        reasoning: the reasoning text (thinking framing excluded), or None
+            when the turn had no thinking stage.
+        tool_calls: completed tool calls ``[{"id", "name", "arguments_json"}]``
+            in order (kept when the turn was truncated).
         token_ids: the generated token ids (not part of :meth:`to_dict`).
         request_id: the request id sent to the server.
     """
@@ -87,19 +112,23 @@ class GenerationResult:
     usage: dict = field(default_factory=_zero_usage)
     constraint: dict | None = None
     error: dict | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     request_id: str = ""
 
     @property
     def ok(self) -> bool:
-        """True when generation finished normally (``stop`` or ``length``)."""
-        return self.finish_reason in ("stop", "length")
+        """True when generation finished normally (``stop``, ``length`` or ``tool_calls``)."""
+        return self.finish_reason in ("stop", "length", "tool_calls")
 
     def to_dict(self) -> dict:
         """The CLI's ``--format json`` object:
-        ``{"text", "finish_reason", "usage", "constraint", "error"}``."""
+        ``{"text", "reasoning", "tool_calls", "finish_reason", "usage", "constraint", "error"}``."""
         return {
             "text": self.text,
+            "reasoning": self.reasoning,
+            "tool_calls": [dict(c) for c in self.tool_calls],
             "finish_reason": self.finish_reason,
             "usage": dict(self.usage),
             "constraint": dict(self.constraint) if self.constraint is not None else None,
@@ -112,16 +141,24 @@ class GenerateEvent:
     """One streamed message.
 
     Attributes:
-        text: new text since the previous event (may be empty).
+        text: new text since the previous event (may be empty), in ``channel``.
         token_ids: token ids committed since the previous event.
         finish: the final :class:`GenerationResult` on the last event, else None.
         raw: the underlying ``GenerateResponse``.
+        channel: ``"content"``, ``"reasoning"`` or ``"tool_call"`` (the raw
+            wire text of a call, framing included).
+        tool_call_index: index of the call within the turn (``tool_call`` channel).
+        tool_call: ``{"id", "name", "arguments_json"}`` on the event that
+            completes a call, else None.
     """
 
     text: str
     token_ids: list[int]
     finish: GenerationResult | None = None
     raw: pb.GenerateResponse | None = None
+    channel: str = "content"
+    tool_call_index: int = 0
+    tool_call: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +167,11 @@ class TokenCount:
 
     num_tokens: int
     max_context_tokens: int
+
+
+def tool_call_dict(call: pb.ToolCall) -> dict:
+    """``ToolCall`` -> ``{"id", "name", "arguments_json"}``."""
+    return {"id": call.id, "name": call.name, "arguments_json": call.arguments_json}
 
 
 def result_from_finish(finish: pb.Finish, text: str, token_ids: list[int], request_id: str = "") -> GenerationResult:
@@ -162,6 +204,8 @@ def result_from_finish(finish: pb.Finish, text: str, token_ids: list[int], reque
             "cache": CACHE_STATUS.get(c.cache),
             "prepare_seconds": c.prepare_seconds,
         }
+        if c.branch:
+            constraint["branch"] = c.branch
     error = None
     if finish.HasField("error"):
         e = finish.error
@@ -179,6 +223,8 @@ def result_from_finish(finish: pb.Finish, text: str, token_ids: list[int], reque
         usage=usage,
         constraint=constraint,
         error=error,
+        reasoning=finish.reasoning if finish.HasField("reasoning") else None,
+        tool_calls=[tool_call_dict(c) for c in finish.tool_calls],
         token_ids=list(token_ids),
         request_id=request_id,
     )
@@ -200,6 +246,8 @@ class GenerationStream(Iterator[GenerateEvent]):
         self._call = call
         self.request_id = request_id
         self._parts: list[str] = []
+        self._reasoning_parts: list[str] = []
+        self._tool_calls: list[dict] = []
         self._tokens: list[int] = []
         self._cancelled = False
         self.result: GenerationResult | None = None
@@ -209,6 +257,16 @@ class GenerationStream(Iterator[GenerateEvent]):
     def text(self) -> str:
         """Text received so far."""
         return "".join(self._parts)
+
+    @property
+    def reasoning(self) -> str:
+        """Reasoning text received so far."""
+        return "".join(self._reasoning_parts)
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """Tool calls completed so far (``{"id", "name", "arguments_json"}``)."""
+        return [dict(c) for c in self._tool_calls]
 
     @property
     def token_ids(self) -> list[int]:
@@ -232,6 +290,8 @@ class GenerationStream(Iterator[GenerateEvent]):
         self.result = GenerationResult(
             text=self.text,
             finish_reason="cancelled",
+            reasoning=self.reasoning if self._reasoning_parts else None,
+            tool_calls=self.tool_calls,
             token_ids=list(self._tokens),
             request_id=self.request_id,
         )
@@ -272,11 +332,25 @@ class GenerationStream(Iterator[GenerateEvent]):
         except KeyboardInterrupt:
             self.cancel()
             raise
+        channel = CHANNELS.get(resp.channel, "content")
         if resp.text:
-            self._parts.append(resp.text)
+            if channel == "content":
+                self._parts.append(resp.text)
+            elif channel == "reasoning":
+                self._reasoning_parts.append(resp.text)
         if resp.token_ids:
             self._tokens.extend(resp.token_ids)
-        event = GenerateEvent(text=resp.text, token_ids=list(resp.token_ids), raw=resp)
+        call = tool_call_dict(resp.tool_call) if resp.HasField("tool_call") else None
+        if call is not None:
+            self._tool_calls.append(call)
+        event = GenerateEvent(
+            text=resp.text,
+            token_ids=list(resp.token_ids),
+            raw=resp,
+            channel=channel,
+            tool_call_index=resp.tool_call_index,
+            tool_call=call,
+        )
         if resp.HasField("finish"):
             self.result = result_from_finish(resp.finish, self.text, self._tokens, self.request_id)
             event.finish = self.result
@@ -373,11 +447,153 @@ def build_constraint(constraint: Mapping[str, Any] | None) -> pb.OutputConstrain
     return oc
 
 
+def _tool_call_message(call: Any, where: str) -> pb.ToolCall:
+    """An OpenAI-style call ``{"id", "type": "function", "function": {"name", "arguments"}}``
+    or ``{"id", "name", "arguments_json"}`` -> ``ToolCall``."""
+    if isinstance(call, pb.ToolCall):
+        return call
+    if not isinstance(call, Mapping):
+        raise _invalid(f"{where}: a tool call must be an object, got {type(call).__name__}")
+    fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    name = fn.get("name")
+    args = fn.get("arguments", fn.get("arguments_json", "{}"))
+    if not isinstance(name, str) or not name:
+        raise _invalid(f"{where}: a tool call needs a non-empty string name")
+    if isinstance(args, (dict, list)):
+        args = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    if not isinstance(args, str):
+        raise _invalid(f"{where}: arguments must be JSON text or an object")
+    return pb.ToolCall(id=str(call.get("id", "") or ""), name=name, arguments_json=args)
+
+
+def build_tools(tools: Sequence[Any] | None) -> list[pb.Tool]:
+    """Converts OpenAI-style function tools to ``Tool`` messages.
+
+    Args:
+        tools: a list of ``{"type": "function", "function": {"name",
+            "description"?, "parameters"?, "strict"?}}`` (the bare inner
+            ``{"name", ...}`` object is accepted too), or ``Tool`` messages.
+            ``parameters`` is a JSON Schema dict or JSON text.
+    Returns:
+        The messages in order (empty list for None).
+    Raises:
+        RequestRejected: (kind ``InvalidRequest``, location ``/tools/i/...``)
+            for a malformed entry. Schema checks happen on the server.
+    """
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", "tools must be a list of function tools", "/tools")
+    out: list[pb.Tool] = []
+    for i, t in enumerate(tools):
+        if isinstance(t, pb.Tool):
+            out.append(t)
+            continue
+        loc = f"/tools/{i}"
+        if not isinstance(t, Mapping):
+            raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"tool {i} must be an object", loc)
+        if "function" in t or "type" in t:
+            if t.get("type", "function") != "function":
+                raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest",
+                                      f"tool {i}: only type 'function' is supported, got {t.get('type')!r}", loc + "/type")
+            fn = t.get("function")
+            loc += "/function"
+            if not isinstance(fn, Mapping):
+                raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"tool {i}: 'function' must be an object", loc)
+        else:
+            fn = t
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"tool {i}: name must be a non-empty string", loc + "/name")
+        desc = fn.get("description", "")
+        if not isinstance(desc, str):
+            raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"tool {i}: description must be a string", loc + "/description")
+        params = fn.get("parameters", None)
+        if params is None:
+            params_text = ""
+        elif isinstance(params, str):
+            params_text = params
+        elif isinstance(params, (Mapping, bool)):
+            params_text = json.dumps(params, ensure_ascii=False)
+        else:
+            raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest",
+                                  f"tool {i}: parameters must be a JSON Schema object", loc + "/parameters")
+        strict = fn.get("strict", False)
+        if strict is None:
+            strict = False
+        if not isinstance(strict, bool):
+            raise RequestRejected("INVALID_ARGUMENT", "InvalidRequest", f"tool {i}: strict must be a boolean", loc + "/strict")
+        out.append(pb.Tool(name=name, description=desc, parameters_json=params_text, strict=strict))
+    return out
+
+
+def build_tool_choice(
+    tool_choice: Any = None, parallel_tool_calls: bool | None = None, tool_constraints: str | None = None
+) -> pb.ToolChoice | None:
+    """Converts a tool choice to a ``ToolChoice``.
+
+    Args:
+        tool_choice: ``"auto" | "none" | "required"``, a tool name (named:
+            REQUIRED + that name + parallel off), an OpenAI named choice
+            ``{"type": "function", "function": {"name"}}``, a list of allowed
+            names (REQUIRED among them), or None (server default AUTO).
+        parallel_tool_calls: allow more than one call (None = default, on).
+        tool_constraints: ``"basic"`` (default) or ``"automatic"``.
+    Returns:
+        The message, or None when every argument is None.
+    Raises:
+        RequestRejected: (kind ``InvalidRequest``) for malformed values.
+    """
+    if tool_choice is None and parallel_tool_calls is None and tool_constraints is None:
+        return None
+    if isinstance(tool_choice, pb.ToolChoice):
+        return tool_choice
+    tc = pb.ToolChoice()
+    if tool_choice is None:
+        pass
+    elif isinstance(tool_choice, str):
+        key = tool_choice.strip()
+        if key.lower() in TOOL_CHOICE_MODES:
+            tc.mode = TOOL_CHOICE_MODES[key.lower()]
+        elif key:
+            tc.mode = pb.TOOL_CHOICE_MODE_REQUIRED
+            tc.allowed_names.append(key)
+            tc.parallel = False
+        else:
+            raise _invalid("tool_choice must not be empty")
+    elif isinstance(tool_choice, Mapping):
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else tool_choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise _invalid("a named tool_choice needs {'type': 'function', 'function': {'name': ...}}")
+        tc.mode = pb.TOOL_CHOICE_MODE_REQUIRED
+        tc.allowed_names.append(name)
+        tc.parallel = False
+    elif isinstance(tool_choice, Iterable):
+        names = list(tool_choice)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise _invalid("allowed tool names must be a non-empty list of names")
+        tc.mode = pb.TOOL_CHOICE_MODE_REQUIRED
+        tc.allowed_names.extend(names)
+    else:
+        raise _invalid(f"bad tool_choice {tool_choice!r}")
+    if parallel_tool_calls is not None:
+        tc.parallel = bool(parallel_tool_calls)
+    if tool_constraints is not None:
+        key = str(tool_constraints).lower()
+        if key not in TOOL_CONSTRAINT_MODES:
+            raise _invalid(f"tool_constraints must be one of {sorted(TOOL_CONSTRAINT_MODES)}, got {tool_constraints!r}")
+        tc.constraints = TOOL_CONSTRAINT_MODES[key]
+    return tc
+
+
 def build_chat(messages: Sequence[Any], continue_final_message: bool = False) -> pb.Chat:
     """Converts messages to a ``Chat``.
 
     Args:
-        messages: dicts ``{"role", "content"}``, ``(role, content)`` pairs or
+        messages: dicts ``{"role", "content", "tool_calls"?, "tool_call_id"?,
+            "name"?, "reasoning"?}`` (tool calls OpenAI-style or
+            ``{"id", "name", "arguments_json"}``), ``(role, content)`` pairs or
             ``ChatMessage`` messages.
         continue_final_message: continue the last (assistant) message.
     Returns:
@@ -390,7 +606,13 @@ def build_chat(messages: Sequence[Any], continue_final_message: bool = False) ->
         if isinstance(m, pb.ChatMessage):
             chat.messages.append(m)
         elif isinstance(m, Mapping):
-            chat.messages.add(role=str(m.get("role", "")), content=str(m.get("content", "")))
+            msg = chat.messages.add(role=str(m.get("role", "")), content=str(m.get("content") or ""))
+            i = len(chat.messages) - 1
+            for j, call in enumerate(m.get("tool_calls") or ()):
+                msg.tool_calls.append(_tool_call_message(call, f"message {i} tool call {j}"))
+            for key in ("tool_call_id", "name", "reasoning"):
+                if m.get(key):
+                    setattr(msg, key, str(m[key]))
         elif isinstance(m, (tuple, list)) and len(m) == 2:
             chat.messages.add(role=str(m[0]), content=str(m[1]))
         else:
@@ -456,6 +678,12 @@ class NInferClient:
         num_draft_tokens: int | None = None,
         continue_final_message: bool = False,
         request_id: str | None = None,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+        tool_constraints: str | None = None,
+        thinking: bool | str | None = None,
+        thinking_budget: int | None = None,
     ) -> pb.GenerateRequest:
         """Builds a ``GenerateRequest`` (see :meth:`generate` for the arguments).
 
@@ -509,6 +737,21 @@ class NInferClient:
                 if num_draft_tokens < 0:
                     raise _invalid("num_draft_tokens must be >= 0")
                 req.speculative.num_draft_tokens = int(num_draft_tokens)
+        req.tools.extend(build_tools(tools))
+        tc = build_tool_choice(tool_choice, parallel_tool_calls, tool_constraints)
+        if tc is not None:
+            req.tool_choice.CopyFrom(tc)
+        if thinking is not None:
+            if isinstance(thinking, str):
+                key = thinking.lower()
+                if key not in ("on", "off", "true", "false"):
+                    raise _invalid(f"thinking must be on/off, got {thinking!r}")
+                thinking = key in ("on", "true")
+            req.thinking.enabled = bool(thinking)
+        if thinking_budget is not None:
+            if thinking_budget < 0:
+                raise _invalid("thinking_budget must be >= 0")
+            req.thinking.budget_tokens = int(thinking_budget)
         return req
 
     def generate(self, prompt: str | None = None, messages: Sequence[Any] | None = None, **kwargs: Any) -> GenerationStream:
@@ -531,6 +774,14 @@ class NInferClient:
             num_draft_tokens: draft tokens per step (None = server default).
             continue_final_message: continue the final assistant message.
             request_id: id for logs/traces (default: a random hex id).
+            tools: OpenAI-style function tools (see :func:`build_tools`).
+            tool_choice: ``"auto" | "none" | "required" | NAME`` (see
+                :func:`build_tool_choice`).
+            parallel_tool_calls: allow several calls in the turn (default on).
+            tool_constraints: ``"basic"`` (default) or ``"automatic"``.
+            thinking: ``True``/``False`` (or ``"on"``/``"off"``); None = the
+                model's default.
+            thinking_budget: reasoning token budget (0/None = none).
         Returns:
             A :class:`GenerationStream` yielding :class:`GenerateEvent`; its
             last event carries ``finish`` (a :class:`GenerationResult`).
@@ -629,6 +880,9 @@ __all__ = [
     "TokenCount",
     "build_chat",
     "build_constraint",
+    "build_tool_choice",
+    "build_tools",
     "default_target",
     "result_from_finish",
+    "tool_call_dict",
 ]

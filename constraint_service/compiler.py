@@ -55,6 +55,7 @@ from typing import Any, Callable, Optional
 from .backend import Backend, CompiledConstraint, XGrammarBackend
 from .errors import ConstraintError
 from .registry import kind_entry, user_input_error
+from .tools.wrap import Wrapped, wrapped_grammar
 from .types import CacheStatus, CompileInfo, ConstraintKind, ConstraintSpec
 from .vocab import Vocabulary
 
@@ -80,8 +81,8 @@ def _lower_priority(native_id: int) -> None:
         pass
 
 
-#: The model output wrapper the grammar is compiled for.  Only the plain body
-#: exists today; thinking/tool wrappers will get their own ids.
+#: The model output wrapper of a plain body; thinking/tool wrappers are the canonical JSON of the
+#: request's output plan (``ConstraintSpec.wrapper``).
 PLAIN_WRAPPER = "plain"
 
 
@@ -277,16 +278,23 @@ class ConstraintCompiler:
 
     # -- internals ------------------------------------------------------------
     def _key_and_source(self, spec: ConstraintSpec) -> tuple[tuple, Any, int]:
-        """(cache key, value for the kind's converter, source bytes) -- the kind's registry entry."""
+        """(cache key, value for the kind's converter, source bytes) -- the kind's registry entry;
+        a wrapped constraint (thinking / tools) carries ``Wrapped(body value, body text, wrapper)``."""
+        if spec.kind is None:  # wrapper only (tools and/or thinking, no body)
+            return ("", "", (), spec.wrapper, self.vocab.fingerprint()), Wrapped(None, "", spec.wrapper), 0
         entry = kind_entry(spec.kind)
         canon = entry.canonicalise(spec)
-        key = (entry.name, canon.text, entry.compile_options, PLAIN_WRAPPER, self.vocab.fingerprint())
-        return key, canon.value, canon.size
+        wrapper = spec.wrapper or PLAIN_WRAPPER
+        key = (entry.name, canon.text, entry.compile_options, wrapper, self.vocab.fingerprint())
+        value = Wrapped(canon.value, canon.text, spec.wrapper) if spec.wrapper else canon.value
+        size = canon.size + len(spec.wrapper.encode())
+        return key, value, size
 
     def _timeout_error(self, kind: ConstraintKind) -> ConstraintError:
         return ConstraintError(
             "CompileTimeout",
-            f"compiling the {kind} constraint took longer than {self.compile_timeout_s:g} s",
+            f"compiling the {kind if kind is not None else 'tool/thinking'} constraint took longer than "
+            f"{self.compile_timeout_s:g} s",
             "",
         )
 
@@ -371,8 +379,13 @@ class ConstraintCompiler:
         if late:
             self._settle(build)
 
-    def _build_grammar(self, backend: Backend, kind: ConstraintKind, canon: Any, key: tuple) -> CompiledConstraint:
-        """Convert (the kind's registry entry) and compile (the backend); runs on a worker thread."""
+    def _build_grammar(self, backend: Backend, kind: ConstraintKind | None, canon: Any, key: tuple) -> CompiledConstraint:
+        """Convert (the kind's registry entry, or the tool/thinking builder for a wrapped constraint) and
+        compile (the backend); runs on a worker thread."""
+        if isinstance(canon, Wrapped):
+            grammar = wrapped_grammar(backend, kind, canon)
+            return backend.compile(grammar, kind=kind, key=key,
+                                   error_kind=kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema")
         entry = kind_entry(kind)
         grammar = entry.to_grammar(backend, canon)
         return backend.compile(grammar, kind=entry.kind, key=key, error_kind=entry.error_kind)

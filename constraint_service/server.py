@@ -154,8 +154,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "NoVocabulary", "RegisterVocabulary must come first")
         c = request.constraint
         try:
-            spec = ConstraintSpec(kind=c.kind, source=c.source, choices=tuple(c.choices))
-        except ValueError as e:  # unknown kind name
+            spec = ConstraintSpec(kind=c.kind or None, source=c.source, choices=tuple(c.choices), wrapper=c.wrapper)
+        except ValueError as e:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "InvalidRequest", str(e))
         with _tracer.start_as_current_span("constraint.prepare") as span:
             span.set_attribute("ninfer.constraint.kind", c.kind)

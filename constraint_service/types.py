@@ -60,21 +60,30 @@ class ConstraintSpec:
 
     Attributes:
         kind: the :class:`ConstraintKind` (a wire spelling such as ``"regex"`` is
-            converted on construction).
+            converted on construction); None only with a ``wrapper`` and no body.
         source: schema JSON text / GBNF text / ECMAScript regex; ``""`` for
             ``json_object`` and ``choice``.
         choices: the literal options of a ``choice`` constraint (``()`` otherwise).
+        wrapper: the model output wrapper (thinking stage, tool calls) as the canonical
+            JSON text of ``ninfer_common.frontends.plan.OutputPlan.grammar_key()``;
+            ``""`` = the plain body (seed 000 §编译与缓存: the wrapper is part of the key).
 
     Raises:
-        ValueError: ``kind`` is not a constraint kind.
+        ValueError: ``kind`` is not a constraint kind (or None without a wrapper).
     """
 
-    kind: ConstraintKind
+    kind: ConstraintKind | None
     source: str = ""
     choices: tuple[str, ...] = ()
+    wrapper: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, ConstraintKind):
+        if self.kind is None or self.kind == "":
+            if not self.wrapper:
+                raise ValueError(f"unknown constraint kind {self.kind!r}; expected one of "
+                                 f"{sorted(k.value for k in ConstraintKind)} (no kind needs a wrapper)")
+            object.__setattr__(self, "kind", None)
+        elif not isinstance(self.kind, ConstraintKind):
             object.__setattr__(self, "kind", ConstraintKind.parse(self.kind))
 
 

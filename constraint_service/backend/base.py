@@ -134,7 +134,7 @@ class CompiledConstraint:
     """An immutable compiled grammar shared by every request with the same key.
 
     Attributes:
-        kind: the :class:`ConstraintKind` it was compiled from.
+        kind: the :class:`ConstraintKind` it was compiled from (None: tool calls / thinking without a body).
         key: the cache key (kind, canonical source, options, wrapper, vocabulary).
         memory_size_bytes: the backend's estimate of the compiled grammar's size, bytes.
         backend: the :class:`Backend` that compiled it.
@@ -146,9 +146,9 @@ class CompiledConstraint:
     __slots__ = ("kind", "key", "backend", "_compiled", "memory_size_bytes", "_holders",
                  "_lock", "_on_idle", "__weakref__")
 
-    def __init__(self, kind: ConstraintKind | str, key: tuple, backend: Backend, compiled: Any,
+    def __init__(self, kind: ConstraintKind | str | None, key: tuple, backend: Backend, compiled: Any,
                  memory_size_bytes: int) -> None:
-        self.kind = ConstraintKind.parse(kind)
+        self.kind = None if kind is None else ConstraintKind.parse(kind)  # None: a wrapper without a body
         self.key = key
         self.backend = backend
         self._compiled = compiled

@@ -11,6 +11,7 @@ from ninfer.v1 import generation_pb2 as pb
 from ninfer_common.constraint_kind import ConstraintKind
 from ninfer_common.errors import ErrorKind, RequestError
 
+from gpu_engine.api.tools_convert import thinking_of, tool_choice_of, tools_of
 from gpu_engine.core.params import ChatMessage, ConstraintParams, GenerateParams
 from gpu_engine.core.request import CacheStatus, Finish, FinishReason, SpecMethod
 
@@ -21,7 +22,10 @@ SPEC_METHODS = {pb.SPECULATIVE_METHOD_NONE: SpecMethod.NONE, pb.SPECULATIVE_METH
                 pb.SPECULATIVE_METHOD_EARLY_EXIT: SpecMethod.EARLY_EXIT,
                 pb.SPECULATIVE_METHOD_EARLY_EXIT_SAMPLED: SpecMethod.EARLY_EXIT_SAMPLED}
 _FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-           FinishReason.ERROR: pb.FINISH_REASON_ERROR, FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED}
+           FinishReason.ERROR: pb.FINISH_REASON_ERROR, FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+           FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS}
+#: Delta.channel -> public Channel
+CHANNELS = {"content": pb.CHANNEL_CONTENT, "reasoning": pb.CHANNEL_REASONING, "tool_call": pb.CHANNEL_TOOL_CALL}
 _CACHE = {CacheStatus.HIT: pb.CACHE_STATUS_HIT, CacheStatus.BUILT: pb.CACHE_STATUS_BUILT,
           CacheStatus.WAITED: pb.CACHE_STATUS_WAITED}
 
@@ -61,7 +65,9 @@ def input_of(msg) -> tuple[str | None, list[ChatMessage] | None, bool]:
     """``(prompt, messages, continue_final_message)`` of a GenerateRequest / CountTokensRequest."""
     which = msg.WhichOneof("input")
     if which == "chat":
-        return None, [ChatMessage(m.role, m.content) for m in msg.chat.messages], msg.chat.continue_final_message
+        return None, [ChatMessage(m.role, m.content, tuple({"id": c.id, "name": c.name,
+                                                             "arguments": c.arguments_json or "{}"} for c in m.tool_calls),
+                                  m.tool_call_id, m.name) for m in msg.chat.messages], msg.chat.continue_final_message
     if which == "prompt":
         return msg.prompt, None, False
     return None, None, False
@@ -89,7 +95,9 @@ def params_from_proto(msg: pb.GenerateRequest) -> GenerateParams:
         top_k=s.top_k if s.HasField("top_k") else None,
         presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
         seed=s.seed if s.HasField("seed") else None, constraint=constraint_of(msg),
-        spec_method=SPEC_METHODS.get(method), num_draft_tokens=msg.speculative.num_draft_tokens)
+        spec_method=SPEC_METHODS.get(method), num_draft_tokens=msg.speculative.num_draft_tokens,
+        tools=tools_of(msg), tool_choice=tool_choice_of(msg),
+        thinking=thinking_of(msg) if msg.HasField("thinking") else None)
 
 
 def finish_to_proto(ev: Finish) -> pb.Finish:
@@ -102,9 +110,25 @@ def finish_to_proto(ev: Finish) -> pb.Finish:
         f.constraint.CopyFrom(pb.ConstraintResult(
             kind=str(c.kind), complete=c.complete, terminated=c.terminated,
             cache=_CACHE.get(c.cache, pb.CACHE_STATUS_UNSPECIFIED), prepare_seconds=c.prepare_seconds,
-            mask_positions=c.mask_positions))
+            mask_positions=c.mask_positions, branch=c.branch))
+    for call in ev.tool_calls:
+        f.tool_calls.add(**call)
+    if ev.reasoning is not None:
+        f.reasoning = ev.reasoning
     if ev.error is not None:
         e = ev.error
         f.error.CopyFrom(pb.ErrorDetail(code=e.status.value, kind=str(e.kind), message=e.message,
                                         location=e.location))
     return f
+
+
+def delta_to_proto(ev, with_channel: bool) -> pb.GenerateResponse:
+    """A streamed :class:`~gpu_engine.core.request.Delta` (``with_channel``: the request has an output
+    plan, so the channel / tool-call fields are set)."""
+    resp = pb.GenerateResponse(text=ev.text, token_ids=ev.token_ids)
+    if with_channel:
+        resp.channel = CHANNELS[ev.channel]
+        resp.tool_call_index = ev.call_index
+        if ev.call is not None:
+            resp.tool_call.CopyFrom(pb.ToolCall(**ev.call))
+    return resp

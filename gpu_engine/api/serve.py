@@ -61,7 +61,9 @@ def build_stack(args: argparse.Namespace):
     from gpu_engine.model.loader import load_model
     from gpu_engine.sidecar.client import Sidecar
 
-    path = ensure_model(args.model)
+    from gpu_engine.model.config import PRESETS
+
+    path = args.model if args.model in PRESETS else ensure_model(args.model)  # presets: random weights
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     loaded = load_model(str(path), device=args.device, dtype=dtype, max_lanes=args.max_lanes,
                         max_seq_len=args.max_seq_len)
@@ -84,6 +86,17 @@ def build_stack(args: argparse.Namespace):
                     num_draft_tokens=k, draft_layers=args.draft_layers)
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
+
+
+def chat_output_frontend(loaded, frontend):
+    """Tools / thinking frontend of the loaded model (family from its architecture and template), or None
+    when the model has no chat template."""
+    from gpu_engine.frontend.output import ChatOutputFrontend, family_rules
+
+    template = loaded.chat_template
+    if template is None:
+        return None
+    return ChatOutputFrontend(frontend, family_rules(loaded.config.arch, template.source), template)
 
 
 def serve_main(argv: list[str] | None = None) -> int:
@@ -114,7 +127,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     engine.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 8 << 20)])
-    add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default), server)
+    add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default,
+                                               chat_output=chat_output_frontend(loaded, frontend)), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection([

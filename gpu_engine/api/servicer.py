@@ -22,7 +22,7 @@ from ninfer_common.errors import ErrorKind, RequestError
 from ninfer_common.grpc_status import rpc_status_of
 from ninfer_common.telemetry import get_tracer
 
-from gpu_engine.api.convert import finish_to_proto, input_of, params_from_proto
+from gpu_engine.api.convert import delta_to_proto, finish_to_proto, input_of, params_from_proto
 from gpu_engine.core.admission import Admission
 from gpu_engine.core.params import GenerateParams
 from gpu_engine.core.request import Delta, Finish, Request
@@ -46,11 +46,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         default_max_tokens: budget when a request gives 0.
     """
 
-    def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256) -> None:
+    def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256, chat_output=None) -> None:
         self.engine = engine
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
-        self.admission = Admission(engine, frontend, default_max_tokens)
+        self.admission = Admission(engine, frontend, default_max_tokens, chat_output=chat_output)
 
     def build_request(self, msg: pb.GenerateRequest) -> Request:
         """Convert, validate, render, tokenize and prepare the constraint (raises RequestError)."""
@@ -75,7 +75,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             while True:
                 ev = req.events.get()
                 if isinstance(ev, Delta):
-                    yield pb.GenerateResponse(text=ev.text, token_ids=ev.token_ids)
+                    yield delta_to_proto(ev, req.output is not None)
                     continue
                 assert isinstance(ev, Finish)
                 span.set_attribute("gen_ai.usage.input_tokens", ev.prompt_tokens)

@@ -28,10 +28,42 @@ class Admission:
         default_max_tokens: budget when a request gives 0.
     """
 
-    def __init__(self, engine, frontend, default_max_tokens: int = 256) -> None:
+    def __init__(self, engine, frontend, default_max_tokens: int = 256, chat_output=None) -> None:
         self.engine = engine
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
+        #: :class:`gpu_engine.frontend.output.ChatOutputFrontend` (tools / thinking), None = plain chat only
+        self.chat_output = chat_output
+
+    def plan(self, params: GenerateParams):
+        """``(prompt ids, OutputPlan)`` of a chat turn that leaves the plain path (tools, tool turns, a
+        thinking request, or a family whose default has a thinking stage); None otherwise.
+
+        Raises:
+            RequestError: tools / thinking without chat input or on a server without a tool frontend, and
+                every plan rejection (located, e.g. ``/tools/1/function/parameters/properties/days``).
+        """
+        from ninfer_common.frontends.plan import ThinkingRequest
+
+        wants = bool(params.tools) or params.tool_choice is not None or params.thinking is not None
+        if params.messages is None:
+            if wants:
+                raise RequestError(ErrorKind.INVALID_REQUEST, "tools and thinking need chat input (`chat`), "
+                                   "not `prompt`", "/tools")
+            return None
+        msgs = [m.as_template_dict() for m in params.messages]
+        co = self.chat_output
+        thinking = params.thinking or ThinkingRequest()
+        if co is None:
+            if wants or any(m.tool_calls or m.role == "tool" for m in params.messages):
+                raise RequestError(ErrorKind.INVALID_REQUEST, "this server's model has no tool / thinking frontend",
+                                   "/tools")
+            return None
+        if not co.needs_plan(params.tools, params.tool_choice, thinking, msgs):
+            return None
+        c = params.constraint
+        return co.prepare(msgs, params.tools, params.tool_choice, thinking, None if c is None else str(c.kind),
+                          None if c is None else c.source, continue_final=params.continue_final_message)
 
     def encode(self, params: GenerateParams) -> list[int]:
         """Prompt token ids of ``params`` (chat rendered with the template).
@@ -55,7 +87,8 @@ class Admission:
         """
         params.validate()
         request_id = params.request_id or uuid.uuid4().hex
-        prompt_ids = self.encode(params)
+        planned = self.plan(params)
+        prompt_ids, plan = planned if planned is not None else (self.encode(params), None)
         if not prompt_ids:
             raise RequestError(ErrorKind.INVALID_REQUEST, "the prompt is empty (0 tokens)")
         max_ctx = self.engine.program.max_seq_len
@@ -65,10 +98,15 @@ class Admission:
         method, k = self._speculation(params)
         c = params.constraint
         constraint = None if c is None else ConstraintRef(c.kind, source=c.source, choices=c.choices)
+        if plan is not None and plan.wrapped:  # thinking stage / tool calls around (or instead of) the body
+            constraint = constraint or ConstraintRef(None)
+            constraint.wrapper = plan.grammar_key()
         req = Request(request_id=request_id, prompt_ids=prompt_ids,
                       max_tokens=params.max_tokens or self.default_max_tokens,
                       sampling=self._sampling(params, request_id), constraint=constraint, spec_method=method,
                       num_draft_tokens=k if method != SpecMethod.NONE else 0)
+        if plan is not None:
+            req.output = self.chat_output.new_stream(plan)
         if constraint is not None:
             self._prepare(req, params)
         return req
@@ -104,6 +142,7 @@ class Admission:
         if params.messages is not None and params.continue_final_message:
             prefix = params.messages[-1].content.encode()
         c = req.constraint
-        info = sc.prepare(req.request_id, c.kind, c.source, list(c.choices), prefix)
+        info = sc.prepare(req.request_id, "" if c.kind is None else str(c.kind), c.source, list(c.choices), prefix,
+                          wrapper=c.wrapper)
         req.sidecar_generation = info.generation
         req.constraint_info = {"cache": info.cache, "prepare_seconds": info.prepare_seconds}

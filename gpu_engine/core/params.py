@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ninfer_common.constraint_kind import ConstraintKind
 from ninfer_common.errors import ErrorKind, RequestError
@@ -23,7 +24,7 @@ __all__ = ["CHAT_ROLES", "MAX_CHOICES", "MAX_CONSTRAINT_SOURCE_BYTES", "ChatMess
 
 MAX_CONSTRAINT_SOURCE_BYTES = 1 << 20  # 1 MiB of schema / grammar / regex text
 MAX_CHOICES = 4096
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,19 @@ class ChatMessage:
 
     role: str
     content: str
+    tool_calls: tuple[dict, ...] = ()  # assistant: past calls [{"id", "name", "arguments"}] (arguments JSON text)
+    tool_call_id: str = ""  # tool: the call this result answers
+    name: str = ""  # tool: the tool's name
+
+    def as_template_dict(self) -> dict:
+        """The message as a chat-template dict (``tool_calls`` etc. only when set)."""
+        d: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [dict(c) for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key):
+                d[key] = getattr(self, key)
+        return d
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,9 @@ class GenerateParams:
     constraint: ConstraintParams | None = None
     spec_method: SpecMethod | None = None
     num_draft_tokens: int = 0
+    tools: tuple = ()  # ninfer_common.frontends.ToolDef, declared tools (chat only)
+    tool_choice: Any = None  # ninfer_common.frontends.ToolChoice or None
+    thinking: Any = None  # ninfer_common.frontends.plan.ThinkingRequest or None (the model's default)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -138,4 +155,4 @@ def validate_messages(messages: list[ChatMessage]) -> None:
     for msg in messages:
         if msg.role not in CHAT_ROLES:
             raise RequestError(ErrorKind.INVALID_REQUEST,
-                               f"unknown chat role {msg.role!r} (expected system, user or assistant)")
+                               f"unknown chat role {msg.role!r} (expected system, user, assistant or tool)")

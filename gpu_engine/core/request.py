@@ -18,6 +18,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"
     ERROR = "error"
     CANCELLED = "cancelled"
+    TOOL_CALLS = "tool_calls"  # EOS after one or more tool calls
 
 
 class SpecMethod(enum.StrEnum):
@@ -66,10 +67,18 @@ class SamplingOptions:
 class ConstraintRef:
     """The request's body constraint as sent to the sidecar."""
 
-    kind: ConstraintKind
+    kind: ConstraintKind | None  # None: no body, only the output wrapper (tools / thinking)
     source: str = ""
     choices: tuple[str, ...] = ()
     prefix: bytes = b""
+    wrapper: str = ""  # the output plan's grammar_key() (thinking stage / tool calls), "" = plain body
+
+    @property
+    def label(self) -> str:
+        """Kind name for results and metrics: the body kind, else ``tools`` / ``thinking``."""
+        if self.kind is not None:
+            return str(self.kind)
+        return "tools" if '"declared":0' not in self.wrapper else "thinking"
 
 
 @dataclass
@@ -85,12 +94,13 @@ class ConstraintResult:
         mask_positions: bitmask positions computed for the request.
     """
 
-    kind: ConstraintKind
+    kind: ConstraintKind | str
     complete: bool = False
     terminated: bool = False
     cache: CacheStatus | None = None
     prepare_seconds: float = 0.0
     mask_positions: int = 0
+    branch: str = ""  # "undecided" / "content" / "tools" for turns with an output plan
 
 
 @dataclass
@@ -107,14 +117,23 @@ class Finish:
     accepted_draft_tokens: int = 0
     constraint: ConstraintResult | None = None
     error: RowError | None = None
+    reasoning: str | None = None  # the reasoning text (None: no thinking stage)
+    tool_calls: list[dict[str, str]] = field(default_factory=list)  # [{"id", "name", "arguments_json"}]
 
 
 @dataclass
 class Delta:
-    """Streamed output: new text (complete UTF-8) and the token ids behind it."""
+    """Streamed output: new text (complete UTF-8) and the token ids behind it.
+
+    ``channel``: ``"content"``, ``"reasoning"`` or ``"tool_call"`` (raw call wire text); ``call_index``:
+    the call's index in the turn; ``call``: ``{"id", "name", "arguments_json"}`` when this delta completes one.
+    """
 
     text: str
     token_ids: list[int]
+    channel: str = "content"
+    call_index: int = 0
+    call: dict[str, str] | None = None
 
 
 @dataclass
@@ -152,6 +171,8 @@ class Request:
     accepted_draft_tokens: int = 0
     finished: bool = False
     detok: Any = None  # IncrementalDetokenizer, set at admission
+    output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
+    output_result: Any = None  # its StreamResult, set when the request finishes
 
     def cancel(self) -> None:
         """Ask the engine to stop this request (takes effect at the next step)."""

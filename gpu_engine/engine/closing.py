@@ -43,14 +43,21 @@ class Closing:
             self._lanes[r.lane] = None
         self.program.release_lane(r.lane)
         reason = FinishReason(reason)
-        tail = r.detok.flush() if r.detok is not None else ""
-        if tail:
-            r.events.put(Delta(tail, []))
+        if r.output is not None:  # a turn with an output plan: last deltas + reasoning / tool calls
+            out, r.output_result = r.output.finish(str(reason))
+            self._put_deltas(r, out, [])
+        else:
+            tail = r.detok.flush() if r.detok is not None else ""
+            if tail:
+                r.events.put(Delta(tail, []))
         constraint = None
         if r.constraint is not None:
             info = r.constraint_info
-            constraint = ConstraintResult(r.constraint.kind, cache=info.get("cache"),
+            constraint = ConstraintResult(r.constraint.kind if r.constraint.kind is not None else r.constraint.label,
+                                          cache=info.get("cache"),
                                           prepare_seconds=float(info.get("prepare_seconds", 0.0)))
+            if r.output_result is not None:
+                constraint.branch = r.output_result.branch
             sc = self.sidecar
             if sc is not None:
                 if r.sidecar_generation == sc.generation:
@@ -64,12 +71,17 @@ class Closing:
 
     def _publish(self, r: Request, reason: FinishReason, error: RowError | None,
                  constraint: ConstraintResult | None) -> None:
-        self.metrics.request_finished(reason, r.constraint.kind if r.constraint else "", len(r.output_ids),
+        res = r.output_result
+        if res is not None and reason == FinishReason.STOP and res.tool_calls:
+            reason = FinishReason.TOOL_CALLS
+        self.metrics.request_finished(reason, r.constraint.label if r.constraint else "", len(r.output_ids),
                                       r.draft_tokens, r.accepted_draft_tokens, constraint)
         r.events.put(Finish(
             finish_reason=reason, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.output_ids),
             draft_tokens=r.draft_tokens, accepted_draft_tokens=r.accepted_draft_tokens, constraint=constraint,
-            error=error))
+            error=error, reasoning=None if res is None else res.reasoning,
+            tool_calls=[] if res is None else [{"id": c.id, "name": c.name, "arguments_json": c.arguments_json}
+                                               for c in res.tool_calls]))
 
     def _take_closing(self) -> list[_Close]:
         closing, self._closing = self._closing, []

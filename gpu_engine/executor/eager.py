@@ -79,6 +79,28 @@ class Program:
         return context_bucket(n, self.max_seq_len)
 
     @torch.inference_mode()
+    def append_forced(self, r: Request, ids: list[int]) -> None:
+        """Writes the KV of forced (not sampled) output tokens ``ids`` (seed 000 §thinking budget: the
+        control string is appended without sampling or RNG): runs ``[last output token] + ids[:-1]`` at
+        ``r.num_cached`` and advances it; the caller appends ``ids`` to ``r.output_ids``, so ``ids[-1]`` is
+        the next step's input like any sampled token.
+
+        Raises:
+            ValueError: the lane has no room for ``len(ids)`` more positions.
+        """
+        if not ids:
+            return
+        seq = [r.output_ids[-1]] + list(ids[:-1])
+        if r.num_cached + len(seq) + 1 > self.max_seq_len:
+            raise ValueError(f"no room for {len(ids)} forced tokens at position {r.num_cached}")
+        dev = self.device
+        self.model.forward(torch.tensor([seq], dtype=torch.int64, device=dev),
+                           torch.tensor([r.lane], dtype=torch.int64, device=dev),
+                           torch.tensor([r.num_cached], dtype=torch.int64, device=dev),
+                           max_context=self._bucket(r.num_cached + len(seq)))
+        r.num_cached += len(seq)
+
+    @torch.inference_mode()
     def forward_rows(self, rows: list[Request], drafts: dict[int, list[int]],
                      deferred: Sequence = ()) -> torch.Tensor:
         """Forward this step's rows.

@@ -15,7 +15,7 @@ def validate_messages(messages: list[dict[str, str]]) -> None:
         raise RequestError("InvalidRequest", "chat has no messages")
     for m in messages:
         if m["role"] not in CHAT_ROLES:
-            raise RequestError("InvalidRequest", f"unknown chat role {m['role']!r} (expected system, user or assistant)")
+            raise RequestError("InvalidRequest", f"unknown chat role {m['role']!r} (expected system, user, assistant or tool)")
 
 
 class Frontend:

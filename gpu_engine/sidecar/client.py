@@ -217,8 +217,12 @@ class Sidecar:
                 self.start()
 
     # ------------------------------------------------------------------- RPCs
-    def prepare(self, request_id: str, kind: str, source: str, choices: list[str], prefix: bytes) -> PrepareInfo:
+    def prepare(self, request_id: str, kind: str, source: str, choices: list[str], prefix: bytes,
+                wrapper: str = "") -> PrepareInfo:
         """Compile the constraint and create the request's output session.
+
+        ``wrapper`` is the model output wrapper (thinking stage / tool calls) as the output plan's canonical
+        JSON (``OutputPlan.grammar_key()``); ``kind`` may then be ``""`` (no body constraint).
 
         Raises:
             RequestError: the constraint is invalid (kind/location from the sidecar),
@@ -229,7 +233,8 @@ class Sidecar:
                 self.ensure_started()
                 stub, gen = self._stub, self.generation
                 r = stub.Prepare(pb.PrepareRequest(request_id=request_id, prefix=prefix,
-                                                   constraint=pb.Constraint(kind=kind, source=source, choices=choices)))
+                                                   constraint=pb.Constraint(kind=kind, source=source, choices=choices,
+                                                                            wrapper=wrapper)))
                 return PrepareInfo(_CACHE.get(r.cache, CacheStatus.BUILT), r.prepare_seconds, gen)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:

@@ -7,6 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
+
+class ToolConstraintMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CONSTRAINT_MODE_UNSPECIFIED: _ClassVar[ToolConstraintMode]
+    TOOL_CONSTRAINT_MODE_BASIC: _ClassVar[ToolConstraintMode]
+    TOOL_CONSTRAINT_MODE_AUTOMATIC: _ClassVar[ToolConstraintMode]
+
+class Channel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANNEL_UNSPECIFIED: _ClassVar[Channel]
+    CHANNEL_CONTENT: _ClassVar[Channel]
+    CHANNEL_REASONING: _ClassVar[Channel]
+    CHANNEL_TOOL_CALL: _ClassVar[Channel]
+
 class SpeculativeMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SPECULATIVE_METHOD_UNSPECIFIED: _ClassVar[SpeculativeMethod]
@@ -22,6 +42,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
 
 class CacheStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,6 +50,17 @@ class CacheStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_STATUS_HIT: _ClassVar[CacheStatus]
     CACHE_STATUS_BUILT: _ClassVar[CacheStatus]
     CACHE_STATUS_WAITED: _ClassVar[CacheStatus]
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+TOOL_CONSTRAINT_MODE_UNSPECIFIED: ToolConstraintMode
+TOOL_CONSTRAINT_MODE_BASIC: ToolConstraintMode
+TOOL_CONSTRAINT_MODE_AUTOMATIC: ToolConstraintMode
+CHANNEL_UNSPECIFIED: Channel
+CHANNEL_CONTENT: Channel
+CHANNEL_REASONING: Channel
+CHANNEL_TOOL_CALL: Channel
 SPECULATIVE_METHOD_UNSPECIFIED: SpeculativeMethod
 SPECULATIVE_METHOD_NONE: SpeculativeMethod
 SPECULATIVE_METHOD_NGRAM: SpeculativeMethod
@@ -39,18 +71,69 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ERROR: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_TOOL_CALLS: FinishReason
 CACHE_STATUS_UNSPECIFIED: CacheStatus
 CACHE_STATUS_HIT: CacheStatus
 CACHE_STATUS_BUILT: CacheStatus
 CACHE_STATUS_WAITED: CacheStatus
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    name: str
+    reasoning: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters_json", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters_json: str
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "allowed_names", "parallel", "constraints")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_NAMES_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    allowed_names: _containers.RepeatedScalarFieldContainer[str]
+    parallel: bool
+    constraints: ToolConstraintMode
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., allowed_names: _Optional[_Iterable[str]] = ..., parallel: _Optional[bool] = ..., constraints: _Optional[_Union[ToolConstraintMode, str]] = ...) -> None: ...
+
+class ThinkingOptions(_message.Message):
+    __slots__ = ("enabled", "budget_tokens")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    budget_tokens: int
+    def __init__(self, enabled: _Optional[bool] = ..., budget_tokens: _Optional[int] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments_json: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class Chat(_message.Message):
     __slots__ = ("messages", "continue_final_message")
@@ -111,7 +194,7 @@ class SpeculativeOptions(_message.Message):
     def __init__(self, method: _Optional[_Union[SpeculativeMethod, str]] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "chat", "max_tokens", "sampling", "constraint", "speculative")
+    __slots__ = ("request_id", "prompt", "chat", "max_tokens", "sampling", "constraint", "speculative", "tools", "tool_choice", "thinking")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +202,9 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    THINKING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     chat: Chat
@@ -126,7 +212,10 @@ class GenerateRequest(_message.Message):
     sampling: SamplingParams
     constraint: OutputConstraint
     speculative: SpeculativeOptions
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeOptions, _Mapping]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    thinking: ThinkingOptions
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[OutputConstraint, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeOptions, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking: _Optional[_Union[ThinkingOptions, _Mapping]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_draft_tokens")
@@ -141,20 +230,22 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class ConstraintResult(_message.Message):
-    __slots__ = ("kind", "complete", "terminated", "cache", "prepare_seconds", "mask_positions")
+    __slots__ = ("kind", "complete", "terminated", "cache", "prepare_seconds", "mask_positions", "branch")
     KIND_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     PREPARE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MASK_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
     kind: str
     complete: bool
     terminated: bool
     cache: CacheStatus
     prepare_seconds: float
     mask_positions: int
-    def __init__(self, kind: _Optional[str] = ..., complete: _Optional[bool] = ..., terminated: _Optional[bool] = ..., cache: _Optional[_Union[CacheStatus, str]] = ..., prepare_seconds: _Optional[float] = ..., mask_positions: _Optional[int] = ...) -> None: ...
+    branch: str
+    def __init__(self, kind: _Optional[str] = ..., complete: _Optional[bool] = ..., terminated: _Optional[bool] = ..., cache: _Optional[_Union[CacheStatus, str]] = ..., prepare_seconds: _Optional[float] = ..., mask_positions: _Optional[int] = ..., branch: _Optional[str] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("code", "kind", "message", "location")
@@ -169,26 +260,36 @@ class ErrorDetail(_message.Message):
     def __init__(self, code: _Optional[str] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
 
 class Finish(_message.Message):
-    __slots__ = ("finish_reason", "usage", "constraint", "error")
+    __slots__ = ("finish_reason", "usage", "constraint", "error", "tool_calls", "reasoning")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     constraint: ConstraintResult
     error: ErrorDetail
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    reasoning: str
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish")
+    __slots__ = ("text", "token_ids", "finish", "channel", "tool_call_index", "tool_call")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish: Finish
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+    channel: Channel
+    tool_call_index: int
+    tool_call: ToolCall
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., channel: _Optional[_Union[Channel, str]] = ..., tool_call_index: _Optional[int] = ..., tool_call: _Optional[_Union[ToolCall, _Mapping]] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("prompt", "chat")

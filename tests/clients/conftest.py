@@ -117,6 +117,27 @@ class FakeGeneration(pb_grpc.GenerationServicer):
             )
             return
 
+        if request.tools:
+            # Reasoning (when thinking is on), then one call per allowed name
+            # (or the first declared tool), echoing the tool's name.
+            if request.thinking.enabled:
+                yield pb.GenerateResponse(text="let me ", token_ids=[1], channel=pb.CHANNEL_REASONING)
+                yield pb.GenerateResponse(text="think", token_ids=[2], channel=pb.CHANNEL_REASONING)
+            names = list(request.tool_choice.allowed_names) or [request.tools[0].name]
+            finish = pb.Finish(finish_reason=pb.FINISH_REASON_TOOL_CALLS, usage=pb.Usage(prompt_tokens=7, completion_tokens=9))
+            for i, name in enumerate(names):
+                call = pb.ToolCall(id=f"call_{i}", name=name, arguments_json='{"city":"Paris"}')
+                wire = f'<tool_call>\n{{"name": "{name}", "arguments": {{"city": "Paris"}}}}\n</tool_call>'
+                yield pb.GenerateResponse(text=wire[:11], token_ids=[3], channel=pb.CHANNEL_TOOL_CALL, tool_call_index=i)
+                yield pb.GenerateResponse(
+                    text=wire[11:], token_ids=[4], channel=pb.CHANNEL_TOOL_CALL, tool_call_index=i, tool_call=call
+                )
+                finish.tool_calls.append(call)
+            if request.thinking.enabled:
+                finish.reasoning = "let me think"
+            yield pb.GenerateResponse(finish=finish)
+            return
+
         for i, d in enumerate(DELTAS):
             yield pb.GenerateResponse(text=d, token_ids=[10 + i])
         if text == "no-finish":

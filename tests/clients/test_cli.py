@@ -13,7 +13,7 @@ import pytest
 from clients import cli
 from ninfer.v1 import generation_pb2 as pb
 
-JSON_KEYS = {"text", "finish_reason", "usage", "constraint", "error"}
+JSON_KEYS = {"text", "reasoning", "tool_calls", "finish_reason", "usage", "constraint", "error"}
 USAGE_KEYS = {"prompt_tokens", "completion_tokens", "draft_tokens", "accepted_draft_tokens"}
 
 
@@ -240,3 +240,95 @@ def test_python_dash_m_entry():
         finally:
             sys.argv = sys_argv
     assert ei.value.code == 2
+
+
+# -- tools and thinking (issue 10) --------------------------------------------------------------
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    },
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+]
+
+
+def _tools_file(tmp_path, tools=TOOLS):
+    f = tmp_path / "tools.json"
+    f.write_text(json.dumps(tools))
+    return str(f)
+
+
+def test_tools_flags_reach_the_request(fake_server, tmp_path):
+    rc, obj, _ = run_json(
+        ["generate", "weather?", "--chat", "--tools-file", _tools_file(tmp_path), "--tool-choice", "lookup",
+         "--thinking", "on", "--thinking-budget", "64", "--server", fake_server.target]
+    )
+    assert rc == 0, obj
+    req = fake_server.servicer.requests[-1]
+    assert [t.name for t in req.tools] == ["lookup", "search"]
+    assert req.tools[0].strict and not req.tools[1].strict
+    assert json.loads(req.tools[0].parameters_json)["required"] == ["city", "days"]
+    assert req.tools[0].description == "weather"
+    assert req.tool_choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED
+    assert list(req.tool_choice.allowed_names) == ["lookup"]
+    assert req.tool_choice.HasField("parallel") and not req.tool_choice.parallel
+    assert req.thinking.enabled and req.thinking.budget_tokens == 64
+    assert set(obj) == JSON_KEYS
+    assert obj["finish_reason"] == "tool_calls"
+    assert obj["reasoning"] == "let me think"
+    assert obj["tool_calls"] == [{"id": "call_0", "name": "lookup", "arguments_json": '{"city":"Paris"}'}]
+    assert obj["text"] == ""  # tool-call wire text is not content
+
+
+@pytest.mark.parametrize(
+    "flag,mode",
+    [("auto", pb.TOOL_CHOICE_MODE_AUTO), ("none", pb.TOOL_CHOICE_MODE_NONE), ("required", pb.TOOL_CHOICE_MODE_REQUIRED)],
+)
+def test_tool_choice_modes(fake_server, tmp_path, flag, mode):
+    rc, obj, _ = run_json(
+        ["generate", "x", "--chat", "--tools-file", _tools_file(tmp_path), "--tool-choice", flag,
+         "--no-parallel-tool-calls", "--server", fake_server.target]
+    )
+    req = fake_server.servicer.requests[-1]
+    assert rc == 0 and req.tool_choice.mode == mode and not req.tool_choice.allowed_names
+    assert req.tool_choice.HasField("parallel") and req.tool_choice.parallel is False
+    assert not req.HasField("thinking")
+
+
+def test_tools_text_mode_prints_calls_and_reasoning_to_stderr(fake_server, tmp_path):
+    rc, out, err = run(["generate", "x", "--chat", "--tools-file", _tools_file(tmp_path), "--thinking", "on",
+                        "--server", fake_server.target])
+    assert rc == 0
+    assert out == '[tool_call] lookup {"city":"Paris"}\n\n'
+    assert err == "let me think"
+
+
+def test_tools_file_errors_are_rejections(tmp_path, dead_target):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{")
+    rc, obj, _ = run_json(["generate", "x", "--chat", "--tools-file", str(bad), "--server", dead_target])
+    assert rc == cli.EXIT_REJECTED and obj["error"]["kind"] == "InvalidRequest" and obj["error"]["location"] == "1:3"
+    rc, obj, _ = run_json(["generate", "x", "--chat", "--tools-file", _tools_file(tmp_path, [{"type": "function",
+                           "function": {"name": ""}}]), "--server", dead_target])
+    assert rc == cli.EXIT_REJECTED and obj["error"]["location"] == "/tools/0/function/name"
+    rc, obj, _ = run_json(["generate", "x", "--chat", "--tools-file", _tools_file(tmp_path, [{"type": "retrieval"}]),
+                           "--server", dead_target])
+    assert rc == cli.EXIT_REJECTED and obj["error"]["location"] == "/tools/0/type"
+
+
+@pytest.mark.parametrize("flags", [["--tools-file", "x.json"], ["--thinking", "on"], ["--tool-choice", "auto"],
+                                   ["--no-parallel-tool-calls"], ["--thinking-budget", "3"]])
+def test_tool_and_thinking_flags_need_chat(flags, dead_target, capsys):
+    rc, out, err = run(["generate", "x", *flags, "--server", dead_target])
+    assert rc == cli.EXIT_REJECTED and "requires --chat" in capsys.readouterr().err

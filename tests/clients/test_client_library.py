@@ -199,3 +199,48 @@ def test_trace_context_is_propagated(fake_server):
             c.generate_text("hello")
     md = fake_server.servicer.metadata[-1]
     assert md.get("traceparent", "").startswith("00-" + format(0x1234, "032x"))
+
+
+# -- tools / thinking fields (issue 10) ----------------------------------------------------------
+
+def test_build_request_tools_choice_thinking_and_tool_messages():
+    from clients import NInferClient as C
+
+    req = C.build_request(
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"city":"Oslo"}'}}]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "lookup"},
+        ],
+        tools=[{"name": "lookup", "parameters": {"type": "object"}}],
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+        tool_constraints="automatic",
+        thinking="off",
+        thinking_budget=0,
+    )
+    m = req.chat.messages
+    assert m[1].tool_calls[0].name == "lookup" and m[1].tool_calls[0].arguments_json == '{"city":"Oslo"}'
+    assert m[2].role == "tool" and m[2].tool_call_id == "c1" and m[2].name == "lookup"
+    assert req.tools[0].name == "lookup" and req.tools[0].parameters_json == '{"type": "object"}'
+    tc = req.tool_choice
+    assert (tc.mode, list(tc.allowed_names), tc.parallel) == (pb.TOOL_CHOICE_MODE_REQUIRED, ["lookup"], False)
+    assert tc.constraints == pb.TOOL_CONSTRAINT_MODE_AUTOMATIC
+    assert req.thinking.HasField("enabled") and req.thinking.enabled is False
+
+
+def test_build_request_bad_tool_args_rejected():
+    from clients import NInferClient as C
+    from clients.errors import RequestRejected
+
+    for kwargs, loc in [
+        ({"tools": [{"name": "a", "strict": "yes"}]}, "/tools/0/strict"),
+        ({"tools": [{"type": "function", "function": {"name": "a", "parameters": 3}}]}, "/tools/0/function/parameters"),
+        ({"tools": {"name": "a"}}, "/tools"),
+    ]:
+        with pytest.raises(RequestRejected) as ei:
+            C.build_request(messages=[{"role": "user", "content": "x"}], **kwargs)
+        assert ei.value.location == loc
+    for kwargs in [{"thinking": "maybe"}, {"thinking_budget": -1}, {"tool_choice": ""}, {"tool_constraints": "x"}]:
+        with pytest.raises(RequestRejected):
+            C.build_request(messages=[{"role": "user", "content": "x"}], **kwargs)

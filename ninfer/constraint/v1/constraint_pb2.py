@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%ninfer/constraint/v1/constraint.proto\x12\x14ninfer.constraint.v1\"H\n\x15\x43onstraintErrorDetail\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\"j\n\x19RegisterVocabularyRequest\x12\x12\n\nvocab_size\x18\x01 \x01(\r\x12\x13\n\x0btoken_bytes\x18\x02 \x03(\x0c\x12\x13\n\x0bspecial_ids\x18\x03 \x03(\x05\x12\x0f\n\x07\x65os_ids\x18\x04 \x03(\x05\".\n\x1aRegisterVocabularyResponse\x12\x10\n\x08vocab_id\x18\x01 \x01(\t\"\x84\x01\n\x11\x41ttachRingRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tbyte_size\x18\x02 \x01(\x04\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12\x11\n\tnum_lanes\x18\x04 \x01(\r\x12\x15\n\rnum_positions\x18\x05 \x01(\r\x12\x11\n\tnum_words\x18\x06 \x01(\r\"\x14\n\x12\x41ttachRingResponse\";\n\nConstraint\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x03 \x03(\t\"j\n\x0ePrepareRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\nconstraint\x18\x02 \x01(\x0b\x32 .ninfer.constraint.v1.Constraint\x12\x0e\n\x06prefix\x18\x03 \x01(\x0c\"n\n\x0fPrepareResponse\x12\x30\n\x05\x63\x61\x63he\x18\x01 \x01(\x0e\x32!.ninfer.constraint.v1.CacheStatus\x12\x17\n\x0fprepare_seconds\x18\x02 \x01(\x01\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"8\n\x0c\x43loseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66inal_tokens\x18\x02 \x03(\x05\"\\\n\rCloseResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x12\n\nterminated\x18\x02 \x01(\x08\x12\x16\n\x0emask_positions\x18\x03 \x01(\x04\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"f\n\x07RowStep\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\r\x12\x15\n\rcommit_tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\r\n\x05\x63lose\x18\x05 \x01(\x08\"Z\n\x0bStepRequest\x12\x10\n\x08step_seq\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12+\n\x04rows\x18\x03 \x03(\x0b\x32\x1d.ninfer.constraint.v1.RowStep\"\xaa\x01\n\tRowResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\r\x12/\n\x06status\x18\x03 \x01(\x0e\x32\x1f.ninfer.constraint.v1.RowStatus\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x12\n\nterminated\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x16\n\x0emask_positions\x18\x07 \x01(\x04\"s\n\x0cStepResponse\x12\x10\n\x08step_seq\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12-\n\x04rows\x18\x03 \x03(\x0b\x32\x1f.ninfer.constraint.v1.RowResult\x12\x14\n\x0cwork_seconds\x18\x04 \x01(\x01*r\n\x0b\x43\x61\x63heStatus\x12\x1c\n\x18\x43\x41\x43HE_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43\x41\x43HE_STATUS_HIT\x10\x01\x12\x16\n\x12\x43\x41\x43HE_STATUS_BUILT\x10\x02\x12\x17\n\x13\x43\x41\x43HE_STATUS_WAITED\x10\x03*u\n\tRowStatus\x12\x1a\n\x16ROW_STATUS_UNSPECIFIED\x10\x00\x12\x11\n\rROW_STATUS_OK\x10\x01\x12\x1e\n\x1aROW_STATUS_INTEGRITY_ERROR\x10\x03\"\x04\x08\x02\x10\x02*\x13ROW_STATUS_DEAD_END2\xea\x03\n\x11\x43onstraintService\x12w\n\x12RegisterVocabulary\x12/.ninfer.constraint.v1.RegisterVocabularyRequest\x1a\x30.ninfer.constraint.v1.RegisterVocabularyResponse\x12_\n\nAttachRing\x12\'.ninfer.constraint.v1.AttachRingRequest\x1a(.ninfer.constraint.v1.AttachRingResponse\x12V\n\x07Prepare\x12$.ninfer.constraint.v1.PrepareRequest\x1a%.ninfer.constraint.v1.PrepareResponse\x12P\n\x05\x43lose\x12\".ninfer.constraint.v1.CloseRequest\x1a#.ninfer.constraint.v1.CloseResponse\x12Q\n\x04Step\x12!.ninfer.constraint.v1.StepRequest\x1a\".ninfer.constraint.v1.StepResponse(\x01\x30\x01\x42\xbc\x01\n\x17io.ninfer.constraint.v1B\x0f\x43onstraintProtoP\x01ZAgithub.com/ninfer/ninfer/gen/go/ninfer/constraint/v1;constraintv1\xa2\x02\x03NIC\xaa\x02\x14NInfer.Constraint.V1\xca\x02\x14NInfer\\Constraint\\V1\xea\x02\x16NInfer::Constraint::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%ninfer/constraint/v1/constraint.proto\x12\x14ninfer.constraint.v1\"H\n\x15\x43onstraintErrorDetail\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\"j\n\x19RegisterVocabularyRequest\x12\x12\n\nvocab_size\x18\x01 \x01(\r\x12\x13\n\x0btoken_bytes\x18\x02 \x03(\x0c\x12\x13\n\x0bspecial_ids\x18\x03 \x03(\x05\x12\x0f\n\x07\x65os_ids\x18\x04 \x03(\x05\".\n\x1aRegisterVocabularyResponse\x12\x10\n\x08vocab_id\x18\x01 \x01(\t\"\x84\x01\n\x11\x41ttachRingRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tbyte_size\x18\x02 \x01(\x04\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12\x11\n\tnum_lanes\x18\x04 \x01(\r\x12\x15\n\rnum_positions\x18\x05 \x01(\r\x12\x11\n\tnum_words\x18\x06 \x01(\r\"\x14\n\x12\x41ttachRingResponse\"L\n\nConstraint\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x03 \x03(\t\x12\x0f\n\x07wrapper\x18\x04 \x01(\t\"j\n\x0ePrepareRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\nconstraint\x18\x02 \x01(\x0b\x32 .ninfer.constraint.v1.Constraint\x12\x0e\n\x06prefix\x18\x03 \x01(\x0c\"n\n\x0fPrepareResponse\x12\x30\n\x05\x63\x61\x63he\x18\x01 \x01(\x0e\x32!.ninfer.constraint.v1.CacheStatus\x12\x17\n\x0fprepare_seconds\x18\x02 \x01(\x01\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\"8\n\x0c\x43loseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66inal_tokens\x18\x02 \x03(\x05\"\\\n\rCloseResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x12\n\nterminated\x18\x02 \x01(\x08\x12\x16\n\x0emask_positions\x18\x03 \x01(\x04\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"f\n\x07RowStep\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\r\x12\x15\n\rcommit_tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\r\n\x05\x63lose\x18\x05 \x01(\x08\"Z\n\x0bStepRequest\x12\x10\n\x08step_seq\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12+\n\x04rows\x18\x03 \x03(\x0b\x32\x1d.ninfer.constraint.v1.RowStep\"\xaa\x01\n\tRowResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03row\x18\x02 \x01(\r\x12/\n\x06status\x18\x03 \x01(\x0e\x32\x1f.ninfer.constraint.v1.RowStatus\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x12\n\nterminated\x18\x05 \x01(\x08\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x16\n\x0emask_positions\x18\x07 \x01(\x04\"s\n\x0cStepResponse\x12\x10\n\x08step_seq\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12-\n\x04rows\x18\x03 \x03(\x0b\x32\x1f.ninfer.constraint.v1.RowResult\x12\x14\n\x0cwork_seconds\x18\x04 \x01(\x01*r\n\x0b\x43\x61\x63heStatus\x12\x1c\n\x18\x43\x41\x43HE_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43\x41\x43HE_STATUS_HIT\x10\x01\x12\x16\n\x12\x43\x41\x43HE_STATUS_BUILT\x10\x02\x12\x17\n\x13\x43\x41\x43HE_STATUS_WAITED\x10\x03*u\n\tRowStatus\x12\x1a\n\x16ROW_STATUS_UNSPECIFIED\x10\x00\x12\x11\n\rROW_STATUS_OK\x10\x01\x12\x1e\n\x1aROW_STATUS_INTEGRITY_ERROR\x10\x03\"\x04\x08\x02\x10\x02*\x13ROW_STATUS_DEAD_END2\xea\x03\n\x11\x43onstraintService\x12w\n\x12RegisterVocabulary\x12/.ninfer.constraint.v1.RegisterVocabularyRequest\x1a\x30.ninfer.constraint.v1.RegisterVocabularyResponse\x12_\n\nAttachRing\x12\'.ninfer.constraint.v1.AttachRingRequest\x1a(.ninfer.constraint.v1.AttachRingResponse\x12V\n\x07Prepare\x12$.ninfer.constraint.v1.PrepareRequest\x1a%.ninfer.constraint.v1.PrepareResponse\x12P\n\x05\x43lose\x12\".ninfer.constraint.v1.CloseRequest\x1a#.ninfer.constraint.v1.CloseResponse\x12Q\n\x04Step\x12!.ninfer.constraint.v1.StepRequest\x1a\".ninfer.constraint.v1.StepResponse(\x01\x30\x01\x42\xbc\x01\n\x17io.ninfer.constraint.v1B\x0f\x43onstraintProtoP\x01ZAgithub.com/ninfer/ninfer/gen/go/ninfer/constraint/v1;constraintv1\xa2\x02\x03NIC\xaa\x02\x14NInfer.Constraint.V1\xca\x02\x14NInfer\\Constraint\\V1\xea\x02\x16NInfer::Constraint::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,10 +32,10 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ninfer.constraint.v1.constr
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\027io.ninfer.constraint.v1B\017ConstraintProtoP\001ZAgithub.com/ninfer/ninfer/gen/go/ninfer/constraint/v1;constraintv1\242\002\003NIC\252\002\024NInfer.Constraint.V1\312\002\024NInfer\\Constraint\\V1\352\002\026NInfer::Constraint::V1'
-  _globals['_CACHESTATUS']._serialized_start=1369
-  _globals['_CACHESTATUS']._serialized_end=1483
-  _globals['_ROWSTATUS']._serialized_start=1485
-  _globals['_ROWSTATUS']._serialized_end=1602
+  _globals['_CACHESTATUS']._serialized_start=1386
+  _globals['_CACHESTATUS']._serialized_end=1500
+  _globals['_ROWSTATUS']._serialized_start=1502
+  _globals['_ROWSTATUS']._serialized_end=1619
   _globals['_CONSTRAINTERRORDETAIL']._serialized_start=63
   _globals['_CONSTRAINTERRORDETAIL']._serialized_end=135
   _globals['_REGISTERVOCABULARYREQUEST']._serialized_start=137
@@ -47,23 +47,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ATTACHRINGRESPONSE']._serialized_start=428
   _globals['_ATTACHRINGRESPONSE']._serialized_end=448
   _globals['_CONSTRAINT']._serialized_start=450
-  _globals['_CONSTRAINT']._serialized_end=509
-  _globals['_PREPAREREQUEST']._serialized_start=511
-  _globals['_PREPAREREQUEST']._serialized_end=617
-  _globals['_PREPARERESPONSE']._serialized_start=619
-  _globals['_PREPARERESPONSE']._serialized_end=729
-  _globals['_CLOSEREQUEST']._serialized_start=731
-  _globals['_CLOSEREQUEST']._serialized_end=787
-  _globals['_CLOSERESPONSE']._serialized_start=789
-  _globals['_CLOSERESPONSE']._serialized_end=881
-  _globals['_ROWSTEP']._serialized_start=883
-  _globals['_ROWSTEP']._serialized_end=985
-  _globals['_STEPREQUEST']._serialized_start=987
-  _globals['_STEPREQUEST']._serialized_end=1077
-  _globals['_ROWRESULT']._serialized_start=1080
-  _globals['_ROWRESULT']._serialized_end=1250
-  _globals['_STEPRESPONSE']._serialized_start=1252
-  _globals['_STEPRESPONSE']._serialized_end=1367
-  _globals['_CONSTRAINTSERVICE']._serialized_start=1605
-  _globals['_CONSTRAINTSERVICE']._serialized_end=2095
+  _globals['_CONSTRAINT']._serialized_end=526
+  _globals['_PREPAREREQUEST']._serialized_start=528
+  _globals['_PREPAREREQUEST']._serialized_end=634
+  _globals['_PREPARERESPONSE']._serialized_start=636
+  _globals['_PREPARERESPONSE']._serialized_end=746
+  _globals['_CLOSEREQUEST']._serialized_start=748
+  _globals['_CLOSEREQUEST']._serialized_end=804
+  _globals['_CLOSERESPONSE']._serialized_start=806
+  _globals['_CLOSERESPONSE']._serialized_end=898
+  _globals['_ROWSTEP']._serialized_start=900
+  _globals['_ROWSTEP']._serialized_end=1002
+  _globals['_STEPREQUEST']._serialized_start=1004
+  _globals['_STEPREQUEST']._serialized_end=1094
+  _globals['_ROWRESULT']._serialized_start=1097
+  _globals['_ROWRESULT']._serialized_end=1267
+  _globals['_STEPRESPONSE']._serialized_start=1269
+  _globals['_STEPRESPONSE']._serialized_end=1384
+  _globals['_CONSTRAINTSERVICE']._serialized_start=1622
+  _globals['_CONSTRAINTSERVICE']._serialized_end=2112
 # @@protoc_insertion_point(module_scope)

@@ -76,14 +76,16 @@ class AttachRingResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("kind", "source", "choices")
+    __slots__ = ("kind", "source", "choices", "wrapper")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
+    WRAPPER_FIELD_NUMBER: _ClassVar[int]
     kind: str
     source: str
     choices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[str] = ..., source: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ...) -> None: ...
+    wrapper: str
+    def __init__(self, kind: _Optional[str] = ..., source: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., wrapper: _Optional[str] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ("request_id", "constraint", "prefix")
