@@ -57,7 +57,7 @@ def test_stream_event_types(openai_client):
 
 
 def test_stream_final_event_carries_constraint(gateway):
-    body = {"model": "default", "input": "Pick one.", "max_output_tokens": 16, "stream": True,
+    body = {"model": "default", "input": "Pick one.", "max_output_tokens": 16, "stream": True, "temperature": 0,
             "text": {"format": {"type": "json_object"}}}
     with httpx2.stream("POST", gateway.url + "/v1/responses", json=body, timeout=60) as r:
         assert r.status_code == 200

@@ -132,7 +132,8 @@ def test_responses_function_calls_and_history(openai_client):
     calls = [o for o in r.output if o.type == "function_call"]
     for c in calls:
         check_args(c.name, c.arguments)
-    assert r.status == ("completed" if calls else "incomplete")
+    assert r.status == "completed" or r.incomplete_details.reason == "max_output_tokens"
+    assert calls or r.status == "incomplete"  # required: a complete turn has a call
     if not calls:
         pytest.skip("hit max_output_tokens before completing a call")
     history = [*ASK, *[c.model_dump(exclude_none=True) for c in calls],
@@ -193,7 +194,8 @@ def test_anthropic_tool_choice_modes(anthropic_client, choice):
 
 def test_anthropic_streamed_tool_use_and_history(anthropic_client):
     with anthropic_client.messages.stream(model="default", max_tokens=60, messages=ASK, tools=ANTH_TOOLS,
-                                          tool_choice={"type": "tool", "name": "search"}, extra_body={"temperature": 1.0}) as s:
+                                          tool_choice={"type": "tool", "name": "search"},
+                                          extra_body={"temperature": 1.0}) as s:
         events = list(s)
         final = s.get_final_message()
     json_deltas = [e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
@@ -202,7 +204,9 @@ def test_anthropic_streamed_tool_use_and_history(anthropic_client):
     if not uses:
         pytest.skip("hit max_tokens before completing the call")
     check_args(uses[0].name, uses[0].input)
-    assert final.stop_reason == "tool_use" and json.loads(json_deltas[0].delta.partial_json) == uses[0].input
+    # (a call can complete on the very last allowed token: then the turn still ends at max_tokens)
+    assert final.stop_reason in ("tool_use", "max_tokens")
+    assert json.loads(json_deltas[0].delta.partial_json) == uses[0].input
     history = [*ASK, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "rain"}]}]
     m = anthropic_client.messages.create(model="default", max_tokens=8, messages=history, tools=ANTH_TOOLS,
