@@ -106,7 +106,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     ring = MaskRing.create(f"ninfer-bench-{os.getpid()}", geo)
     ring_info = dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots, num_lanes=geo.num_lanes,
                      num_positions=geo.num_positions, num_words=geo.num_words)
-    sidecar = Sidecar(f"/tmp/ninfer-bench-{os.getpid()}.sock", vocab, ring_info,
+    sidecar = Sidecar(None, vocab, ring_info,
                       extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":

@@ -2,6 +2,12 @@
 
 usage: python bench/jsonschema_bench.py DATAFILE [--limit N] [--sample N --seed S] [--out results.json]
                                         [--fuzz-walks N] [--fuzz-sample N] [--fuzz-max-tokens N]
+                                        [--mutations N] [--shard K/N]
+       python bench/jsonschema_bench.py merge OUT.json SHARD.json...   (shards run with --rows)
+
+Mutation-based soundness (issue 13): from every valid instance the grammar accepts, up to N instances are
+derived by one local edit (another type, a number just outside a bound, a broken string, a dropped / added /
+wrongly typed member, ...); each one `jsonschema` calls invalid must be refused by the grammar.
 
 DATAFILE: a .jsonl(.gz) file of records with `schema` and `tests: [{data, valid}]` (JSONSchemaBench
 MaskBench format with `id` "<Subset>---<name>", or the JSON Schema Test Suite format with `file`).
@@ -89,10 +95,162 @@ def outside_generation_form(v) -> bool:
     return False
 
 
-UNKNOWN_KEYWORDS = "reject"
+UNKNOWN_KEYWORDS = "annotate"
 
 
-def evaluate_record(rec, *, want_ebnf=False):
+# ---- mutation-based soundness (issue 13) ----------------------------------------
+
+_WRONG = [None, True, 0, -1, 1.5, "", "x", [], {}, [None], {"": None}]
+
+
+def _schema_names(schema, limit=64):
+    """Property names declared anywhere in the schema (properties / required / dependencies keys), in
+    document order: the keys a mutation adds to objects with a wrongly typed value."""
+    out = {}
+
+    def walk(s, depth):
+        if depth > 64 or len(out) >= limit:
+            return
+        if isinstance(s, dict):
+            for k, v in s.items():
+                if k in ("properties", "patternProperties", "dependentRequired", "dependentSchemas",
+                         "dependencies") and isinstance(v, dict):
+                    for name in v:
+                        out.setdefault(name, None)
+                elif k == "required" and isinstance(v, list):
+                    for name in v:
+                        if isinstance(name, str):
+                            out.setdefault(name, None)
+                if k not in ("enum", "const", "default", "examples", "example"):
+                    walk(v, depth + 1)
+        elif isinstance(s, list):
+            for v in s:
+                walk(v, depth + 1)
+    walk(schema, 0)
+    return list(out)[:limit]
+
+
+def _paths(v, path=(), depth=0):
+    yield path, v
+    if depth > 32:
+        return
+    if isinstance(v, dict):
+        for k, x in v.items():
+            yield from _paths(x, path + (k,), depth + 1)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from _paths(x, path + (i,), depth + 1)
+
+
+def _replace(v, path, new):
+    if not path:
+        return new
+    if isinstance(v, dict):
+        out = dict(v)
+    else:
+        out = list(v)
+    out[path[0]] = _replace(v[path[0]], path[1:], new)
+    return out
+
+
+def _variants(x, names, rng):
+    """Local edits of one value: other types, numbers just outside likely bounds, broken strings, dropped
+    / added / wrongly typed object members, shortened / lengthened arrays."""
+    out = [w for w in _WRONG if not (type(w) is type(x) and w == x)]
+    if isinstance(x, bool):
+        out.append(not x)
+    elif isinstance(x, (int, float)):
+        for d in (1, -1, 0.5, -0.5, 1e-9, -1e-9):
+            out.append(x + d)
+        out += [x * 10 + 1, -x - 1, 2 ** 62, -(2 ** 62), 1e300, -1e300, 0.1]
+        if isinstance(x, int):
+            out += [x + 1.5, x * 2 + 1, x * 3]
+    elif isinstance(x, str):
+        out += [x + "x", x[:-1], x[1:], " " + x, x + " ", x * 2 + "#", x.upper(), x.lower(), x + "\u00e9",
+                "a" * (len(x) + 1), x[:1], "0" + x, "-" + x, x.replace("-", ""), x + "/", "%" + x]
+    elif isinstance(x, list):
+        if x:
+            out += [x[:-1], x[1:], x + x[-1:], x + [None], x[::-1], [x[0]] * (len(x) + 1)]
+        out += [[0], [""], [{}], [[]]]
+    elif isinstance(x, dict):
+        for k in list(x):
+            out.append({kk: vv for kk, vv in x.items() if kk != k})  # drop a member
+        extra = ["__mutant__", "additional"] + names
+        for k in extra:
+            if k in x:
+                for w in rng.sample(_WRONG, 3):
+                    out.append({**x, k: w})
+            else:
+                out.append({**x, k: rng.choice(_WRONG)})
+    return out
+
+
+def mutants(value, names, rng, limit):
+    """Up to `limit` distinct instances derived from `value` by one local edit (seeded sample)."""
+    cands = []
+    for path, x in _paths(value):
+        for new in _variants(x, names, rng):
+            cands.append((path, new))
+    rng.shuffle(cands)
+    seen = set()
+    out = []
+    for path, new in cands:
+        try:
+            m = _replace(value, path, new)
+            key = json.dumps(m, sort_keys=True)
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(m)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def mutation_soundness(schema, compiled, valid_values, per_instance, seed_key):
+    """Derives invalid instances from the valid ones and checks that the grammar refuses each one the
+    oracle (`jsonschema`, the schema's draft, ECMAScript patterns, formats asserted) calls invalid.
+    Returns counters and up to 3 examples of accepted invalid mutants."""
+    res = {"mutants": 0, "mutants_invalid": 0, "mutants_accepted": 0, "mutants_oracle_unsupported": 0}
+    if not valid_values or per_instance <= 0:
+        return res
+    validator = oracle_validator(schema)
+    names = _schema_names(schema)
+    rng = random.Random(f"mut:{seed_key}")
+    bad = []
+    for v in valid_values[:8]:
+        for m in mutants(v, names, rng, per_instance):
+            res["mutants"] += 1
+            try:
+                err = next(iter(validator.iter_errors(m)), None)
+            except OracleUnsupported:
+                res["mutants_oracle_unsupported"] += 1
+                continue
+            except Exception:  # noqa: BLE001 - an oracle crash (e.g. recursion) is not a verdict
+                res["mutants_oracle_unsupported"] += 1
+                continue
+            if err is None:
+                continue
+            res["mutants_invalid"] += 1
+            try:
+                data = serialise(schema, m)
+            except (ValueError, TypeError):
+                continue
+            if accepts(compiled, data):
+                res["mutants_accepted"] += 1
+                if len(bad) < 3:
+                    bad.append({"instance": data.decode("utf-8", "replace")[:300], "oracle": str(err.message)[:200]})
+    if bad:
+        res["mutant_violations"] = bad
+    return res
+
+
+MUTATIONS = 0
+
+
+def evaluate_record(rec, *, want_ebnf=False, mutations=None):
     """Returns a dict: status, kind, location, sound_violations, valid_total, valid_accepted, ..."""
     schema = rec["schema"]
     src = json.dumps(schema, ensure_ascii=False)
@@ -114,6 +272,7 @@ def evaluate_record(rec, *, want_ebnf=False):
     vt = va = it = iv = vo = 0
     violations = []
     misses = []
+    valid_values = []
     for t in rec.get("tests", []):
         try:
             data = serialise(schema, t["data"])
@@ -126,6 +285,8 @@ def evaluate_record(rec, *, want_ebnf=False):
         if t["valid"]:
             vt += 1
             va += ok
+            if ok:
+                valid_values.append(t["data"])
             if not ok and len(misses) < 3:
                 misses.append(data.decode("utf-8", "replace")[:200])
         else:
@@ -134,6 +295,14 @@ def evaluate_record(rec, *, want_ebnf=False):
                 iv += 1
                 violations.append(data.decode("utf-8", "replace")[:300])
     out.update(valid_total=vt, valid_accepted=va, invalid_total=it, invalid_accepted=iv, valid_outside_form=vo)
+    per = MUTATIONS if mutations is None else mutations
+    if per > 0:
+        try:
+            out.update(mutation_soundness(schema, compiled, valid_values, per, out["id"]))
+        except OracleUnsupported:
+            out["mutants_oracle_unsupported"] = out.get("mutants_oracle_unsupported", 0) + 1
+        for b in out.pop("mutant_violations", []):
+            violations.append("mutant: " + b["instance"])
     if violations:
         out["violations"] = violations
     if misses:
@@ -274,7 +443,25 @@ def oracle_validator(schema):
                 yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
         cls = jsonschema.validators.extend(base, {"pattern": pattern})
         _ORACLE_CACHE[base] = cls
-    return cls(schema)
+    return cls(schema, format_checker=_format_checker(cls))
+
+
+def _format_checker(cls):
+    """The draft's format checker (formats asserted, as the converter enforces them) plus OpenAPI's
+    int32 / int64 (integer in the signed 32/64-bit range)."""
+    import jsonschema
+    fc = jsonschema.FormatChecker(list(cls.FORMAT_CHECKER.checkers))
+    fc.checkers = dict(cls.FORMAT_CHECKER.checkers)
+
+    def bits(n):
+        def check(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                return True
+            return float(v).is_integer() and -(2 ** (n - 1)) <= v <= 2 ** (n - 1) - 1
+        return check
+    fc.checks("int32")(bits(32))
+    fc.checks("int64")(bits(64))
+    return fc
 
 
 _PY_RX: dict = {}
@@ -426,11 +613,15 @@ def summarise(rows):
         vo = sum(r.get("valid_outside_form", 0) for r in acc)
         it = sum(r.get("invalid_total", 0) for r in acc)
         iv = sum(r.get("invalid_accepted", 0) for r in acc)
-        allpass = sum(1 for r in acc if r.get("invalid_accepted", 0) == 0 and r.get("valid_accepted", 0) == r.get("valid_total", 0))
+        allpass = sum(1 for r in acc if r.get("invalid_accepted", 0) == 0 and r.get("mutants_accepted", 0) == 0 and r.get("valid_accepted", 0) == r.get("valid_total", 0))
         return {"schemas": n, "accepted": len(acc), "coverage": round(len(acc) / n, 4) if n else 0.0,
                 "rejected_by_kind": dict(kinds), "valid_instances": vt, "valid_accepted": va,
                 "completeness": round(va / vt, 4) if vt else None, "valid_outside_form": vo, "invalid_instances": it,
                 "soundness_violations": iv, "schemas_all_pass": allpass,
+                "mutants": sum(r.get("mutants", 0) for r in acc),
+                "mutants_invalid": sum(r.get("mutants_invalid", 0) for r in acc),
+                "mutants_accepted": sum(r.get("mutants_accepted", 0) for r in acc),
+                "mutants_oracle_unsupported": sum(r.get("mutants_oracle_unsupported", 0) for r in acc),
                 "fuzz_walks": sum(r.get("fuzz", {}).get("walks", 0) for r in rs),
                 "fuzz_completed": sum(r.get("fuzz", {}).get("completed", 0) for r in rs),
                 "fuzz_failures": sum(r.get("fuzz", {}).get("failures", 0) for r in rs),
@@ -453,7 +644,7 @@ def category_table(rows):
         c = r["category"]
         if r["status"] != "accepted":
             table[c]["rejected"] += 1
-        elif r.get("invalid_accepted", 0):
+        elif r.get("invalid_accepted", 0) or r.get("mutants_accepted", 0):
             table[c]["under-constrained"] += 1
         elif r.get("valid_accepted", 0) < r.get("valid_total", 0):
             table[c]["over-constrained"] += 1
@@ -475,7 +666,43 @@ def print_table(title, total, by_subset):
     print("rejected by kind:", total["rejected_by_kind"])
 
 
+def merge_main(argv):
+    """`merge OUT.json SHARD.json...`: one result from shard runs made with --shard K/N --rows."""
+    out, paths = argv[0], argv[1:]
+    parts = [json.load(open(p)) for p in paths]
+    rows = [r for p in parts for r in p["rows"]]
+    total, by_subset = summarise(rows)
+    first = parts[0]
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "command": " ; ".join(p["command"] for p in parts) + " ; python bench/jsonschema_bench.py merge "
+              + " ".join([os.path.basename(out)] + [os.path.basename(p) for p in paths]),
+              "revision": first["revision"], "shard_revisions": [p["revision"] for p in parts],
+              "datafile": first["datafile"], "records": len(rows),
+              "seconds": max(p["seconds"] for p in parts), "seconds_per_shard": [p["seconds"] for p in parts],
+              "unknown_keywords": first["unknown_keywords"], "fuzz_walks_per_schema": first["fuzz_walks_per_schema"],
+              "fuzz_max_tokens": first["fuzz_max_tokens"], "total": total, "by_subset": by_subset,
+              "anchors": first["anchors"]}
+    if any("test_suite_categories" in p for p in parts):
+        result["test_suite_categories"] = category_table(rows)
+    result["violations"] = [{"id": r["id"], "instances": r["violations"]} for r in rows if r.get("violations")]
+    result["errors"] = [{"id": r["id"], "kind": r["kind"], "message": r["message"]} for r in rows if r["status"] == "error"]
+    result["fuzz_failures"] = [{"id": r["id"], **r["fuzz"]} for r in rows
+                               if r.get("fuzz", {}).get("failures") or "error" in r.get("fuzz", {})]
+    result["rejection_locations"] = dict(collections.Counter(
+        re.sub(r"/(properties|\$defs|definitions)/[^/]+", r"/\1/*", r.get("location", "")).split("/")[-1] + ":" + r["kind"]
+        for r in rows if r["status"] == "rejected").most_common(40))
+    print_table(result["datafile"], total, by_subset)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1, ensure_ascii=False)
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(markdown(result))
+    return result
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "merge":
+        return merge_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("datafile")
     ap.add_argument("--limit", type=int, default=None)
@@ -489,16 +716,23 @@ def main(argv=None):
                     help="wall budget of one walk; a walk over it is counted as incomplete (timed_out)")
     ap.add_argument("--model", default="~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--rows", action="store_true", help="include per-schema rows in the JSON output")
-    ap.add_argument("--unknown-keywords", choices=["reject", "annotate"], default="reject")
+    ap.add_argument("--unknown-keywords", choices=["reject", "annotate"], default="annotate")
+    ap.add_argument("--mutations", type=int, default=40,
+                    help="mutation-based soundness: invalid instances derived per valid instance (0: off)")
+    ap.add_argument("--shard", default=None, help="K/N: evaluate only records with index %% N == K")
     args = ap.parse_args(argv)
-    global UNKNOWN_KEYWORDS
+    global UNKNOWN_KEYWORDS, MUTATIONS
     UNKNOWN_KEYWORDS = args.unknown_keywords
+    MUTATIONS = args.mutations
 
     recs = load_records(args.datafile)
     if args.sample is not None and args.sample < len(recs):
         recs = random.Random(args.seed).sample(recs, args.sample)
     if args.limit is not None:
         recs = recs[: args.limit]
+    if args.shard:
+        k, n = map(int, args.shard.split("/"))
+        recs = recs[k::n]
     t0 = time.time()
     rows = []
     ebnfs = {}
@@ -546,6 +780,8 @@ def main(argv=None):
     if args.rows:
         result["rows"] = rows
     print_table(os.path.basename(args.datafile), total, by_subset)
+    print(f"mutants: {total['mutants']} derived, {total['mutants_invalid']} invalid per jsonschema, "
+          f"{total['mutants_accepted']} accepted by the grammar")
     if "test_suite_categories" in result:
         print("\ncategory                          all-pass over under rejected")
         for c, v in result["test_suite_categories"].items():
@@ -584,12 +820,12 @@ def markdown(result) -> str:
     lines = [f"# JSON Schema contract benchmark: {result['datafile']}", "",
              f"- date: {result['date']}", f"- command: `{result['command']}`",
              f"- revision: {result['revision']}", f"- wall: {result['seconds']} s", "",
-             "| subset | schemas | accepted | coverage | valid | completeness | invalid | violations | fuzz walks | completed | incomplete | failures |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| subset | schemas | accepted | coverage | valid | completeness | invalid | violations | invalid mutants | mutants accepted | fuzz walks | completed | incomplete | failures |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, b in list(result["by_subset"].items()) + [("**TOTAL**", result["total"])]:
         comp = "-" if b["completeness"] is None else f"{b['completeness']:.4f}"
         lines.append(f"| {name} | {b['schemas']} | {b['accepted']} | {b['coverage']:.4f} | {b['valid_instances']} | {comp} | "
-                     f"{b['invalid_instances']} | {b['soundness_violations']} | {b['fuzz_walks']} | {b['fuzz_completed']} | "
+                     f"{b['invalid_instances']} | {b['soundness_violations']} | {b['mutants_invalid']} | {b['mutants_accepted']} | {b['fuzz_walks']} | {b['fuzz_completed']} | "
                      f"{b['fuzz_incomplete']} | {b['fuzz_failures']} |")
     lines += ["", "Rejections by kind: " + ", ".join(f"{k} {v}" for k, v in result["total"]["rejected_by_kind"].items()), "",
               "| rejected at (last pointer token : kind) | schemas |", "|---|---:|"]

@@ -1,11 +1,22 @@
 """GBNF validation (seed 000 §GBNF; issue 3 "The five body constraints").
 
-The accepted language is xgrammar 0.2.9's EBNF/GBNF with entry rule ``root``:
-literals, character classes, sequences, alternation, ``* + ? {m,n}``
-repetition, recursion, ``Token(id, ...)`` / ``ExcludeToken(id, ...)``
-terminals and ``(= ...)`` lookahead annotations (upstream meaning: a hint
-describing what may follow a rule; the language is defined by the rule
-bodies).  Rejected before compiling, each with a location where one exists:
+The accepted language is llama.cpp's GBNF (``grammars/README.md`` of
+llama.cpp; issue 13) together with xgrammar 0.2.9's EBNF, entry rule ``root``:
+literals, character classes, sequences, alternation, the empty alternative
+(``ws ::= | " "``, ``( "a" | )``), ``.`` (any one code point),
+``* + ? {m} {m,} {m,n}`` repetition, recursion (left recursion included),
+token references -- llama.cpp's ``<[N]>`` / ``!<[N]>`` / ``<text>`` /
+``!<text>`` and xgrammar's ``Token(id, ...)`` / ``ExcludeToken(id, ...)``
+(seed 000 Token / ExcludeToken: one token with that id / one token with none
+of those ids) -- and ``(= ...)`` lookahead annotations (upstream meaning: a
+hint describing what may follow a rule; the language is defined by the rule
+bodies).  llama.cpp spellings are rewritten into xgrammar's before parsing
+(:func:`_translate_llama_dialect`); every location still refers to the text
+the user sent.  Deliberate differences from llama.cpp: left recursion is
+supported (llama.cpp refuses it) and ``{m,n}`` is exact for any ``n`` (llama.cpp
+turns ``n > 2000`` into "unbounded" and refuses ``m > 2000``).
+
+Rejected before compiling, each with a location where one exists:
 
 * syntax errors -> ``InvalidGrammar`` with ``line:col`` (1-based, characters);
 * no ``root`` rule -> ``InvalidGrammar`` "missing entry rule";
@@ -16,14 +27,19 @@ bodies).  Rejected before compiling, each with a location where one exists:
   NInfer's own contracts own -> ``InvalidGrammar``;
 * NUL in a string literal (``"\\x00"``; xgrammar 0.2.9 silently truncates the
   literal there -- write ``[\\x00]`` instead) -> ``InvalidGrammar``;
-* ``Token``/``ExcludeToken`` ids outside the tokenizer, EOS, special/control
-  ids or empty tokens -> ``InvalidTokenReference``.
+* token references to ids outside the tokenizer, EOS, special/control ids or
+  empty tokens, and ``<text>`` that is not the text of exactly one token ->
+  ``InvalidTokenReference``.
 
 xgrammar 0.2.9 lets ``ExcludeToken(...)`` match a *stop* token as if it were
 text (``root ::= ExcludeToken(97)`` allows EOS at the start and then reports
 terminated with an incomplete sentence).  Every ``ExcludeToken`` call is
 therefore rewritten to also exclude the EOS ids before compiling, and the
 rewrite is verified on the re-parsed grammar.
+
+After validation, ``R{m,n}`` of a star-closed ``R`` (``L(R) = L(R)*``) is
+replaced by ``R`` (:func:`_collapse_closed_repeats`; same language, avoids
+exponential matching of nested nullable repetitions).
 
 Detection uses xgrammar's parsed structure (``Grammar.serialize_json``,
 format ``v18``); locations come from a small lexer over the source.
@@ -167,15 +183,46 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
     """Validate GBNF text against the contract and the vocabulary; return the parsed grammar.
 
     Args:
-        source: GBNF/EBNF text with entry rule ``root``.
-        vocab: the model vocabulary (for ``Token``/``ExcludeToken`` checks).
+        source: GBNF/EBNF text with entry rule ``root``, in llama.cpp's dialect or
+            xgrammar's (see module doc).
+        vocab: the model vocabulary (for token reference checks).
 
     Returns:
         The xgrammar ``Grammar`` (not yet compiled).
 
     Raises:
-        ConstraintError: ``InvalidGrammar`` or ``InvalidTokenReference`` (see module doc).
+        ConstraintError: ``InvalidGrammar`` or ``InvalidTokenReference`` (see module
+            doc), located ``line:col`` in ``source``.
     """
+    tr = _translate_llama_dialect(source, vocab)
+    try:
+        return _parse_xgrammar_dialect(tr.text, vocab)
+    except ConstraintError as exc:
+        loc = tr.location(exc.location)
+        message = exc.message
+        spelled = _llama_reference_at(source, loc)
+        if spelled and exc.kind == "InvalidTokenReference":  # name it as the user wrote it
+            message = re.sub(r"^(Token|ExcludeToken): ", f"{spelled}: ", message)
+        raise ConstraintError(exc.kind, message, loc) from None
+
+
+def _llama_reference_at(source: str, loc: str) -> str:
+    """The llama.cpp token reference (``<[5]>``, ``!<eos>``) whose text holds ``loc``, else ""."""
+    m = re.fullmatch(r"(\d+):(\d+)", loc or "")
+    if not m:
+        return ""
+    lines = source.split("\n")
+    line_no, col = int(m.group(1)), int(m.group(2))
+    if line_no > len(lines):
+        return ""
+    for r in re.finditer(r"!?<(?:\[[0-9]+\]|[^>\n]+)>", lines[line_no - 1]):
+        if r.start() < col <= r.end():
+            return r.group(0)
+    return ""
+
+
+def _parse_xgrammar_dialect(source: str, vocab: Vocabulary) -> "xgr.Grammar":
+    """:func:`parse_gbnf` on text already in xgrammar's spelling (locations in that text)."""
     scan = _scan(source)
     nul = source.find("\x00")
     if nul >= 0:
@@ -277,7 +324,73 @@ def parse_gbnf(source: str, vocab: Vocabulary) -> "xgr.Grammar":
             'NUL (\\x00) inside a string literal is not supported; use the class [\\x00]',
             f"{line}:{col}",
         )
-    return grammar
+    return _collapse_closed_repeats(grammar)
+
+
+def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
+    """Replace ``R{m,n}`` (``n >= 1`` or unbounded) by ``R`` where ``R``'s language is star-closed.
+
+    A language ``L`` with ``L = L*`` (for example ``[^x]*``, or ``(X*){0,9}``)
+    satisfies ``L{m,n} = L`` for ``n >= 1``: the rewrite keeps the language
+    exactly.  It matters for performance only: xgrammar 0.2.9 expands
+    ``{m,n}`` into ``n`` nullable copies, and nested copies make every
+    character cost exponentially many parse states (llama.cpp's
+    ``(((([^x]*){0,99}){0,99})...)`` grammar, which llama.cpp itself refuses).
+    Rules carrying a lookahead annotation are left alone.  Returns ``grammar``
+    itself when nothing applies.
+    """
+    data = json.loads(grammar.serialize_json())
+    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs_data)]
+    rules = data["rules"]
+    repeats = [k for k in range(len(indptr))
+               if bounds[k] < bounds[k + 1] and exprs_data[bounds[k]] == _EXPR_REPEAT]
+    if not repeats:
+        return grammar
+    closed: dict[int, bool] = {}
+
+    def expr_of(k: int) -> list:
+        return exprs_data[bounds[k]: bounds[k + 1]]
+
+    def expr_closed(k: int, visiting: frozenset) -> bool:
+        e = expr_of(k)
+        if not e:
+            return False
+        t = e[0]
+        if t == _EXPR_CHAR_CLASS_STAR:
+            return True
+        if t == _EXPR_RULE_REF:
+            return rule_closed(e[2], visiting)
+        if t == _EXPR_REPEAT:
+            lo, hi = e[3], e[4]
+            return (lo == 0 and hi == -1) or (hi != 0 and rule_closed(e[2], visiting))
+        if t in (_EXPR_SEQUENCE, _EXPR_CHOICES) and e[1] == 1:
+            return expr_closed(e[2], visiting)
+        return False
+
+    def rule_closed(r: int, visiting: frozenset) -> bool:
+        if r in closed:
+            return closed[r]
+        if r in visiting or not 0 <= r < len(rules):
+            return False
+        rule = rules[r]
+        ok = rule[2] == -1 and not rule[3] and expr_closed(rule[1], visiting | {r})
+        closed[r] = ok
+        return ok
+
+    replace = {}
+    for k in repeats:
+        e = expr_of(k)
+        if e[4] != 0 and rule_closed(e[2], frozenset()):
+            replace[k] = [_EXPR_RULE_REF, 1, e[2]]
+    if not replace:
+        return grammar
+    out, ptr = [], []
+    for k in range(len(indptr)):
+        ptr.append(len(out))
+        out.extend(replace[k] if k in replace else expr_of(k))
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = out, ptr
+    return xgr.Grammar.deserialize_json(json.dumps(data))
 
 
 def _exclude_eos(source: str, scan: _Scan, vocab: Vocabulary) -> "xgr.Grammar":
@@ -387,3 +500,245 @@ def _root_productive(data: dict) -> bool:
                     queued[u] = True
                     work.append(u)
     return productive[data["root_rule_id"]]
+
+
+# --------------------------------------------------------------------------
+# llama.cpp's GBNF dialect (issue 13 "Grammar, regex and number faults")
+# --------------------------------------------------------------------------
+
+_WS_CHARS = " \t\r\n"
+_IDENT_CHAR = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_RULE_DEF = re.compile(r"^[ \t]*([A-Za-z_][A-Za-z0-9_\-.]*)[ \t]*(?:\[[^\]\n]*\])?[ \t]*::=", re.M)
+_TOKEN_ID = re.compile(r"<\[([0-9]+)\]>")
+#: what llama.cpp allows after a backslash in a string literal that xgrammar 0.2.9 does not
+_STRING_ONLY_ESCAPES = {"[": "[", "]": "]", "-": "-"}
+_ANY_CHAR = "[^]"  # xgrammar: the complement of the empty class = any code point
+
+
+@dataclass
+class _Translation:
+    """Source text rewritten into xgrammar's spelling, with the origin of every character."""
+
+    text: str
+    origin: list  # origin[k]: index in the user's source of text[k]; one extra entry for end of text
+    source: str
+
+    def location(self, loc: str) -> str:
+        """Map ``"line:col"`` in :attr:`text` back to ``"line:col"`` in the user's source."""
+        m = re.fullmatch(r"(\d+):(\d+)", loc or "")
+        if not m:
+            return loc
+        line, col = int(m.group(1)), int(m.group(2))
+        k, cur = 0, 1
+        while cur < line:
+            nl = self.text.find("\n", k)
+            if nl < 0:
+                return loc
+            k, cur = nl + 1, cur + 1
+        k = min(k + col - 1, len(self.text))
+        return _line_col(self.source, self.origin[k])
+
+
+def _line_col(text: str, k: int) -> str:
+    line = text.count("\n", 0, k) + 1
+    return f"{line}:{k - (text.rfind(chr(10), 0, k) + 1) + 1}"
+
+
+def _skip_space(src: str, i: int) -> int:
+    """llama.cpp's ``parse_space(newline_ok=true)``: blanks, newlines and ``#`` comments."""
+    n = len(src)
+    while i < n:
+        if src[i] in _WS_CHARS:
+            i += 1
+        elif src[i] == "#":
+            while i < n and src[i] not in "\r\n":
+                i += 1
+        else:
+            break
+    return i
+
+
+def _literal_end(src: str, i: int, close: str) -> int:
+    """Index of the closing quote/bracket of the literal opening at ``i`` (llama.cpp: may span
+    lines), or -1 when unterminated."""
+    j, n = i + 1, len(src)
+    if close == "]" and j < n and src[j] == "^":
+        j += 1
+    while j < n:
+        c = src[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == close:
+            return j
+        j += 1
+    return -1
+
+
+def _token_by_text(text: str, by_bytes: dict, loc: str) -> int:
+    """The id of the one token whose bytes are exactly ``text`` (llama.cpp's ``<text>``).
+
+    ``by_bytes`` maps token bytes to ids (built once per grammar); its ``None``
+    entry holds the vocabulary."""
+    vocab = by_bytes[None]
+    ids = by_bytes.get(text.encode("utf-8"), [])
+    if not ids:
+        raise ConstraintError(
+            "InvalidTokenReference",
+            f"{text!r} is not the text of a single token of this tokenizer "
+            "(llama.cpp's <...> names one token by its text; use <[id]> or a string literal)",
+            loc,
+        )
+    marked = [i for i in ids if i in vocab.eos_ids or i in vocab.special_ids]
+    if marked:  # what llama.cpp's tokenizer (parse_special=true) resolves to; refused below
+        return marked[0]
+    if len(ids) > 1:
+        raise ConstraintError("InvalidTokenReference",
+                              f"{text!r} is the text of several tokens {ids}; use <[id]>", loc)
+    return ids[0]
+
+
+def _translate_llama_dialect(src: str, vocab: Vocabulary) -> _Translation:
+    """Rewrite llama.cpp-only GBNF spellings into xgrammar 0.2.9 EBNF, keeping everything else.
+
+    * an empty alternative (``ws ::= | " "``, ``( "a" | )``, ``x ::= "a" |`` at the
+      end, ``()``) -> ``""``;
+    * ``.`` outside literals and rule names -> ``[^]`` (any code point);
+    * ``<[N]>`` -> ``Token(N)``, ``!<[N]>`` -> ``ExcludeToken(N)``, ``<text>`` /
+      ``!<text>`` -> the same with the id of the single token spelled ``text``;
+    * in string literals, the escapes ``\\[`` ``\\]`` ``\\-`` and raw line breaks
+      (llama.cpp accepts them; xgrammar does not).
+
+    Text that is not well formed is copied unchanged so that the parser reports
+    it at its place.
+
+    Raises:
+        ConstraintError: ``InvalidTokenReference`` for a ``<text>`` that names no
+            single token; ``InvalidGrammar`` for a malformed ``<...>``.
+    """
+    rules = {m.group(1) for m in _RULE_DEF.finditer(src)}
+    by_bytes: dict = {}  # token bytes -> ids, built on the first <text> reference
+    out: list[str] = []
+    origin: list[int] = []
+    n = len(src)
+
+    def emit(text: str, at: int, one_to_one: bool = False) -> None:
+        out.append(text)
+        origin.extend(range(at, at + len(text)) if one_to_one else [at] * len(text))
+
+    def last_char() -> str:
+        for piece in reversed(out):
+            if piece:
+                return piece[-1]
+        return ""
+
+    def emit_atom(text: str, at: int) -> None:
+        if last_char() in _IDENT_CHAR or last_char() == ".":
+            emit(" ", at)  # keep "x.", "x<[5]>" two elements in xgrammar's lexer
+        emit(text, at)
+
+    def empty_after(i: int, closers: str) -> bool:
+        j = _skip_space(src, i)
+        return j >= n or src[j] in closers
+
+    i = 0
+    while i < n:
+        c = src[i]
+        if c == "#":
+            j = i
+            while j < n and src[j] not in "\r\n":
+                j += 1
+            emit(src[i:j], i, True)
+            i = j
+        elif c in "\"[":
+            close = '"' if c == '"' else "]"
+            end = _literal_end(src, i, close)
+            if end < 0:  # unterminated: let the parser report it
+                j = i + 1
+                while j < n and src[j] not in "\r\n":
+                    j += 1
+                emit(src[i:j], i, True)
+                i = j
+                continue
+            emit(c, i)
+            j = i + 1
+            while j < end:
+                ch = src[j]
+                if ch == "\\" and j + 1 < end:
+                    nxt = src[j + 1]
+                    if c == '"' and nxt in _STRING_ONLY_ESCAPES:
+                        emit(_STRING_ONLY_ESCAPES[nxt], j)
+                    else:
+                        emit(src[j:j + 2], j, True)
+                    j += 2
+                elif ch == "\n":
+                    emit("\\n", j)
+                    j += 1
+                elif ch == "\r":
+                    emit("\\r", j)
+                    j += 1
+                else:
+                    emit(ch, j)
+                    j += 1
+            emit(close, end)
+            i = end + 1
+        elif src.startswith("::=", i):
+            emit("::=", i, True)
+            i += 3
+            if empty_after(i, "|"):
+                emit(' ""', i)
+        elif c == "(":
+            emit("(", i)
+            i += 1
+            if i < n and src[i] == "=":  # xgrammar lookahead "(= ...)"
+                continue
+            if empty_after(i, "|)"):
+                emit('""', i)
+        elif c == "|":
+            emit("|", i)
+            i += 1
+            if empty_after(i, "|)"):
+                emit(' ""', i)
+        elif c == ".":
+            emit_atom(_ANY_CHAR, i)
+            i += 1
+        elif c == "<" or (c == "!" and src.startswith("<", i + 1)):
+            neg = c == "!"
+            lt = i + 1 if neg else i
+            name = "ExcludeToken(" if neg else "Token("
+            m = _TOKEN_ID.match(src, lt)
+            if m:
+                emit_atom(name, i)
+                emit(m.group(1), m.start(1), True)
+                emit(")", m.end(1))
+                i = m.end()
+                continue
+            gt = src.find(">", lt + 1)
+            nl = src.find("\n", lt)
+            if gt < 0 or (0 <= nl < gt) or gt == lt + 1 or src.startswith("[", lt + 1):
+                raise ConstraintError(
+                    "InvalidGrammar",
+                    "malformed token reference: expected <[id]> (decimal id) or <text> on one line",
+                    _line_col(src, lt),
+                )
+            if not by_bytes:
+                by_bytes[None] = vocab
+                for k, b in enumerate(vocab.token_bytes):
+                    by_bytes.setdefault(b, []).append(k)
+            tid = _token_by_text(src[lt:gt + 1], by_bytes, _line_col(src, lt))
+            emit_atom(name, i)
+            emit(str(tid), lt)
+            emit(")", gt)
+            i = gt + 1
+        elif c.isascii() and (c.isalpha() or c == "_"):
+            m = _IDENT.match(src, i)
+            word = m.group(0)
+            if "." in word and word not in rules:
+                word = word[: word.index(".")]  # llama.cpp: "x." is x then any character
+            emit(word, i, True)
+            i += len(word)
+        else:
+            emit(c, i)
+            i += 1
+    origin.append(n)
+    return _Translation("".join(out), origin, src)

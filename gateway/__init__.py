@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"),
                     help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/* "
                          "(default: $NINFER_API_KEY; unset = no auth)")
+    ap.add_argument("--engine-api-key", default=os.environ.get("NINFER_ENGINE_API_KEY"),
+                    help="bearer token the engine's gRPC API requires (its --api-key; default: "
+                         "$NINFER_ENGINE_API_KEY; unset = none)")
     ap.add_argument("--served-model-name", default="SmolLM2-135M-Instruct",
                     help="model name listed by /v1/models and accepted in requests (alias 'default' always works)")
     ap.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from .app import GatewayConfig, create_app, wrap
 
     config = GatewayConfig(engine_target=args.engine, model_name=args.served_model_name, api_key=args.api_key,
-                           max_request_bytes=args.max_request_bytes)
+                           engine_api_key=args.engine_api_key, max_request_bytes=args.max_request_bytes)
     app = wrap(create_app(config), config)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=5))
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def spawn_gateway(engine_target: str, port: int, *, host: str = "127.0.0.1", api_key: str | None = None,
+                  engine_api_key: str | None = None,
                   model_name: str | None = None, extra_args: list[str] | None = None,
                   **popen_kwargs) -> subprocess.Popen:
     """Starts ``python -m gateway`` as a child process (for ``ninfer serve --http-port``).
@@ -80,6 +84,7 @@ def spawn_gateway(engine_target: str, port: int, *, host: str = "127.0.0.1", api
         port: HTTP port.
         host: HTTP listen address.
         api_key: bearer token (passed through the environment, not argv, so ``ps`` does not show it).
+        engine_api_key: the engine's gRPC bearer token (also through the environment).
         model_name: served model name for ``/v1/models``.
         extra_args: more gateway arguments.
         popen_kwargs: passed to ``subprocess.Popen`` (e.g. ``stdout``).
@@ -93,6 +98,8 @@ def spawn_gateway(engine_target: str, port: int, *, host: str = "127.0.0.1", api
     env = dict(popen_kwargs.pop("env", None) or os.environ)
     if api_key:
         env["NINFER_API_KEY"] = api_key
+    if engine_api_key:
+        env["NINFER_ENGINE_API_KEY"] = engine_api_key
     return subprocess.Popen(cmd, env=env, **popen_kwargs)
 
 

@@ -46,12 +46,14 @@ class GatewayConfig:
         engine_target: ``host:port`` of the engine's public gRPC API.
         model_name: the served model's name in ``/v1/models`` and responses.
         api_key: bearer token required on ``/v1/*`` (None = no auth).
+        engine_api_key: bearer token sent to the engine's gRPC API (its ``--api-key``; None = none).
         max_request_bytes: request body limit in bytes (413 above it).
     """
 
     engine_target: str
     model_name: str = "SmolLM2-135M-Instruct"
     api_key: str | None = None
+    engine_api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -128,7 +130,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
-        state["engine"] = EngineClient(config.engine_target)  # connects lazily
+        state["engine"] = EngineClient(config.engine_target, api_key=config.engine_api_key)  # connects lazily
         try:
             yield
         finally:

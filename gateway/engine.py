@@ -193,10 +193,13 @@ class EngineClient:
 
     Args:
         target: ``host:port`` of the engine's public gRPC server.
+        api_key: the engine's bearer token (``authorization`` metadata on Generate / CountTokens;
+            health checks carry none); None = the engine requires no key.
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, api_key: str | None = None) -> None:
         self.target = target
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         self._channel = grpc.aio.insecure_channel(target, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
@@ -215,7 +218,7 @@ class EngineClient:
             ApiError: the engine rejected the request (400 with the field path for
                 constraint errors) or is unreachable (503).
         """
-        call = self._stub.Generate(req)
+        call = self._stub.Generate(req, metadata=self._metadata)
         try:
             first = await call.read()
         except grpc.RpcError as err:
@@ -230,7 +233,7 @@ class EngineClient:
     async def count_tokens(self, req: pb.CountTokensRequest) -> pb.CountTokensResponse:
         """``CountTokens``; raises :class:`ApiError` on failure."""
         try:
-            return await self._stub.CountTokens(req, timeout=30.0)
+            return await self._stub.CountTokens(req, timeout=30.0, metadata=self._metadata)
         except grpc.RpcError as err:
             raise rejection_from_rpc_error(err, None) from None
 

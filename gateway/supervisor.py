@@ -9,6 +9,7 @@ The engine package must not import the gateway (they are sibling front doors und
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import subprocess
 import threading
@@ -27,7 +28,8 @@ class GatewaySupervisor:
         engine_target: the engine's gRPC ``host:port``.
         port: HTTP port.
         host: HTTP listen address.
-        api_key: bearer token (None = no auth).
+        api_key: bearer token (None = no auth); the same key is sent to the engine, which
+            ``ninfer serve --api-key`` protects with it too.
         model_name: served model name (None = the gateway's default).
         restart_delay_s: seconds between an exit and the restart (doubles per quick crash, max 30 s).
     """
@@ -52,6 +54,7 @@ class GatewaySupervisor:
     def _spawn(self) -> None:
         with self._lock:
             self._proc = spawn_gateway(self.engine_target, self.port, host=self.host, api_key=self.api_key,
+                                       engine_api_key=self.api_key,
                                        model_name=self.model_name, stdin=subprocess.DEVNULL)
 
     def start(self) -> None:
@@ -94,9 +97,10 @@ class GatewaySupervisor:
 def run_serve_with_http(serve_main: Callable[[list[str]], int], argv: list[str] | None) -> int:
     """``ninfer serve`` with the optional HTTP gateway (off unless ``--http-port`` is given).
 
-    Takes ``--http-port PORT``, ``--http-host HOST`` (default: the serve ``--host``) and
-    ``--api-key KEY`` out of ``argv``, runs ``serve_main`` with the rest and supervises the
-    gateway, pointed at the serve ``--host``/``--port``, for as long as ``serve_main`` runs.
+    Takes ``--http-port PORT`` and ``--http-host HOST`` (default: the serve ``--host``) out of
+    ``argv``, runs ``serve_main`` with the rest and supervises the gateway, pointed at the serve
+    ``--host``/``--port``, for as long as ``serve_main`` runs. ``--api-key`` (or ``$NINFER_API_KEY``)
+    stays with the engine and also protects the gateway's ``/v1/*``, which sends it to the engine.
 
     Returns:
         ``serve_main``'s exit code.
@@ -104,7 +108,6 @@ def run_serve_with_http(serve_main: Callable[[list[str]], int], argv: list[str] 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--http-port", type=int, default=0)
     ap.add_argument("--http-host", default=None)
-    ap.add_argument("--api-key", default=None)
     ours, rest = ap.parse_known_args(list(argv or []))
     if not ours.http_port:
         return serve_main(rest)
@@ -112,11 +115,12 @@ def run_serve_with_http(serve_main: Callable[[list[str]], int], argv: list[str] 
     peek.add_argument("--host", default="127.0.0.1")
     peek.add_argument("--port", type=int, default=50051)
     peek.add_argument("--model", default=None)
+    peek.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY") or None)
     engine, _ = peek.parse_known_args(rest)
     engine_host = "127.0.0.1" if engine.host in ("0.0.0.0", "::", "") else engine.host
     model = None if engine.model is None else engine.model.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
     sup = GatewaySupervisor(f"{engine_host}:{engine.port}", ours.http_port, host=ours.http_host or engine.host,
-                            api_key=ours.api_key, model_name=model)
+                            api_key=engine.api_key, model_name=model)
     sup.start()
     try:
         return serve_main(rest)

@@ -48,6 +48,8 @@ class ErrorKind(enum.StrEnum):
     CONSTRAINT_ERROR = "ConstraintError"  # a sidecar rejection without a structured detail
     INVALID_VOCABULARY = "InvalidVocabulary"
     RING_ERROR = "RingError"
+    # admission control
+    SERVER_OVERLOADED = "ServerOverloaded"
     # runtime failures of one row
     INTEGRITY_ERROR = "IntegrityError"
     ENGINE_ERROR = "EngineError"
@@ -87,6 +89,7 @@ DEFAULT_STATUS: dict[ErrorKind, Status] = {
     ErrorKind.CONSTRAINT_SERVICE_ERROR: Status.INTERNAL,
     ErrorKind.CONSTRAINT_ERROR: Status.INVALID_ARGUMENT,
     ErrorKind.RING_ERROR: Status.FAILED_PRECONDITION,
+    ErrorKind.SERVER_OVERLOADED: Status.RESOURCE_EXHAUSTED,
     ErrorKind.INTEGRITY_ERROR: Status.INTERNAL,
     ErrorKind.ENGINE_ERROR: Status.INTERNAL,
     ErrorKind.NON_FINITE_LOGITS: Status.INTERNAL,

@@ -90,18 +90,29 @@ def instrument_channel(channel: Any) -> Any:
         return channel
 
 
+# Bucket bounds (seconds) of every ``*_seconds`` histogram: 0.25 ms .. 2 min. OpenTelemetry's
+# defaults (0, 5, 10, 25, ... 10000) are scaled for milliseconds and put every engine step into
+# the first bucket (issue 14 (9)).
+SECONDS_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0, 120.0)
+
+
 def setup_metrics(service_name: str, prometheus_port: int = 0, host: str = "127.0.0.1") -> bool:
     """Install a global MeterProvider; with ``prometheus_port`` > 0 also serve ``/metrics`` there.
 
+    Histograms whose name ends in ``_seconds`` get :data:`SECONDS_BUCKETS`.
     Returns True when a Prometheus endpoint was started. Without the
     OpenTelemetry packages this is a no-op returning False.
     """
     try:
         from opentelemetry import metrics
-        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics import Histogram, MeterProvider
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
         from opentelemetry.sdk.resources import Resource
     except ImportError:
         return False
+    views = [View(instrument_type=Histogram, instrument_name="*_seconds",
+                  aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS))]
     readers = []
     started = False
     if prometheus_port > 0:
@@ -115,7 +126,7 @@ def setup_metrics(service_name: str, prometheus_port: int = 0, host: str = "127.
         except ImportError:
             pass
     metrics.set_meter_provider(MeterProvider(resource=Resource.create({"service.name": service_name}),
-                                             metric_readers=readers))
+                                             metric_readers=readers, views=views))
     return started
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import time
+from pathlib import Path
 from types import TracebackType
 
 import numpy
@@ -50,6 +52,8 @@ from shared_memory.layout import (
 from shared_memory.segment import SEGMENT_MODE, default_ring_name, normalize_name, remove_segment
 
 logger = logging.getLogger(__name__)
+# A process that started more than this many seconds after a segment's last change is not its creator.
+PID_REUSE_SLACK_S = 0.1
 
 __all__ = ["MaskRing", "default_ring_name", "remove_segment"]
 
@@ -124,19 +128,21 @@ class MaskRing:
     def create(cls, name: str, geometry: RingGeometry) -> "MaskRing":
         """Create the segment (engine side), mode 0600, zero-filled, header written.
 
-        A segment already named ``name`` (left by a SIGKILLed engine) is
-        removed first — names must therefore be unique per live engine
-        (see :func:`default_ring_name`).
+        A segment already named ``name`` is removed only when its creator is
+        provably dead (left by a SIGKILLed engine: its header names a
+        ``creator_pid`` that no longer exists); one owned by a live process,
+        or whose header cannot be read, is refused (issue 14: a second
+        server must never take a live server's ring).
 
         Args:
             name: shm name, e.g. ``"ninfer-0"`` (a leading slash is accepted).
             geometry: ring shape; the segment is ``geometry.total_bytes`` bytes.
         Raises:
-            RingError: invalid name, or the segment cannot be created/mapped.
+            RingError: invalid name, the name is taken by a live (or unknown)
+                owner, or the segment cannot be created/mapped.
         """
         bare = normalize_name(name)
-        if remove_segment(bare):
-            logger.warning("removed stale mask ring segment /dev/shm/%s before creating a new one", bare)
+        _remove_if_stale(bare)
         size = geometry.total_bytes
         try:
             shm = posix_ipc.SharedMemory("/" + bare, posix_ipc.O_CREX, mode=SEGMENT_MODE, size=size)
@@ -387,3 +393,63 @@ class MaskRing:
             raise TornSlotError(
                 f"slot {slot}: expected seq_begin {seq}, found {begin} (a newer write started: torn)",
                 slot=slot, expected=seq, seq_begin=begin, seq_end=end)
+
+
+def _process_start_wall_s(pid: int) -> float | None:
+    """Wall-clock start time of ``pid`` in seconds (Linux ``/proc``; ~10 ms resolution), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; field 22 (starttime) is index 19
+    start_ticks = int(fields[19])
+    return time.time() - (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _creator_alive(pid: int, segment_ctime_s: float) -> bool:
+    """True when the process that created a segment last changed at ``segment_ctime_s`` may be alive.
+
+    A process ``pid`` that exists but started after the segment's last change cannot be its creator:
+    the pid was reused (e.g. pid 1 of a restarted container, or this very process). Where the start
+    time is unknown (no ``/proc``), an existing pid counts as alive.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    started = _process_start_wall_s(pid)
+    return started is None or started <= segment_ctime_s + PID_REUSE_SLACK_S
+
+
+def _remove_if_stale(bare: str) -> None:
+    """Unlink segment ``bare`` if it exists and its creator is dead; raise if its creator may be alive.
+
+    Raises:
+        RingError: the segment exists and its owner is alive, or its header is unreadable
+            (not provably stale: remove ``/dev/shm/<name>`` by hand if you know it is).
+    """
+    try:
+        shm = posix_ipc.SharedMemory("/" + bare)
+    except posix_ipc.ExistentialError:
+        return
+    except (posix_ipc.Error, OSError) as exc:
+        raise RingError(f"ring segment /dev/shm/{bare} exists and cannot be opened: {exc}") from exc
+    try:
+        data = os.pread(shm.fd, HEADER_STRUCT_BYTES, 0)
+        ctime_s = os.fstat(shm.fd).st_ctime
+    finally:
+        shm.close_fd()
+    header = RingHeader.unpack(data) if len(data) == HEADER_STRUCT_BYTES else None
+    if header is None or header.magic != MAGIC:
+        raise RingError(f"ring segment /dev/shm/{bare} exists but is not a readable NInfer ring; refusing to "
+                        "remove it (delete it by hand if no server uses it)")
+    if _creator_alive(header.creator_pid, ctime_s):
+        raise RingError(f"ring segment /dev/shm/{bare} belongs to the live process {header.creator_pid} "
+                        "(is another server running on this port?)")
+    if remove_segment(bare):
+        logger.warning("removed stale mask ring segment /dev/shm/%s of dead process %d", bare, header.creator_pid)

@@ -14,11 +14,7 @@ import math
 from ..errors import ConstraintError
 from .emit import emit_grammar
 from .ir import NEVER, Ref, resolve
-from .reduce import Reducer
-
-DRAFT7_IDS = ("json-schema.org/draft-07/schema", "json-schema.org/draft-06/schema")
-DRAFT4_IDS = ("json-schema.org/draft-04/schema",)
-D2020_IDS = ("json-schema.org/draft/2020-12/schema",)
+from .reduce import DIALECTS, Reducer
 
 
 def _reject_constant(c):
@@ -34,56 +30,51 @@ def parse_schema(source: str):
         raise ConstraintError("InvalidSchema", f"schema is not valid JSON: {e}", "")
 
 
-def dialect_of(schema) -> tuple[bool, bool]:
-    """(draft7_semantics, draft4_semantics)."""
+def dialect_name(schema) -> str:
+    """The dialect a schema declares with $schema: draft4, draft6, draft7, 2019-09 or 2020-12 (the
+    default). Raises ConstraintError(UnsupportedSchema, "/$schema") for any other meta-schema."""
     if not isinstance(schema, dict) or "$schema" not in schema:
-        return False, False
+        return "2020-12"
     uri = schema["$schema"]
     if not isinstance(uri, str):
         raise ConstraintError("InvalidSchema", "$schema must be a string", "/$schema")
-    if any(x in uri for x in D2020_IDS):
-        return False, False
-    if any(x in uri for x in DRAFT7_IDS):
-        return True, False
-    if any(x in uri for x in DRAFT4_IDS):
-        return True, True
-    raise ConstraintError("UnsupportedSchema", f"unsupported dialect {uri!r}", "/$schema")
+    for frag, name in DIALECTS:
+        if frag in uri:
+            return name
+    raise ConstraintError("UnsupportedSchema", f"unsupported dialect {uri!r} (supported: draft-04, draft-06, "
+                          "draft-07, 2019-09, 2020-12)", "/$schema")
 
 
-def reduce_schema(schema, unknown_keywords: str = "reject"):
-    draft7, draft4 = dialect_of(schema)
-    r = Reducer(schema, draft7, draft4, unknown_keywords)
-    if isinstance(schema, dict):
-        _collect_anchors(schema, "", r.anchors)
+def dialect_of(schema) -> tuple[bool, bool]:
+    """(legacy draft 4/6/7 semantics, draft-04 semantics); kept for callers of the issue-4 API."""
+    d = dialect_name(schema)
+    return d in ("draft4", "draft6", "draft7"), d == "draft4"
+
+
+def _reducer(schema, unknown_keywords):
+    r = Reducer(schema, False, False, unknown_keywords, dialect=dialect_name(schema))
+    r.index_ids()  # $id / id / $anchor in subschema positions only (never inside unknown keywords)
+    return r
+
+
+def reduce_schema(schema, unknown_keywords: str = "annotate"):
+    r = _reducer(schema, unknown_keywords)
     node = r.translate(schema, "")
     r.check_oneof()
     if r.is_never(node) or _unproductive(node):
-        raise ConstraintError("UnsatisfiableSchema", "the schema has no valid instance", "")
+        raise ConstraintError("UnsatisfiableSchema", "the schema has no valid instance",
+                              r.never_reason if r.is_never(node) and r.never_reason is not None else "")
     return node
-
-
-def _collect_anchors(s, ptr, out):
-    if isinstance(s, dict):
-        a = s.get("$anchor")
-        if isinstance(a, str):
-            out[a] = ptr
-        for k, v in s.items():
-            if k in ("enum", "const", "default", "examples", "example"):
-                continue
-            _collect_anchors(v, f"{ptr}/{k.replace('~', '~0').replace('/', '~1')}", out)
-    elif isinstance(s, list):
-        for i, v in enumerate(s):
-            _collect_anchors(v, f"{ptr}/{i}", out)
 
 
 def _unproductive(root) -> bool:
     """True when the root cannot derive any finite instance (e.g. required self-recursion)."""
-    from .ir import ANY, Array, Const, Object, Union
-    memo: dict[int, bool] = {}
+    from .ir import Array, Box, Object, Union
+    memo: dict[Box, bool] = {}  # keyed by the Box object (alive in the graph), never by id()
 
     def prod(n, stack) -> bool:
         if isinstance(n, Ref):
-            k = id(n.box)
+            k = n.box
             if k in memo:
                 return memo[k]
             if k in stack:
@@ -112,13 +103,16 @@ def _unproductive(root) -> bool:
     return not prod(root, set())
 
 
-def json_schema_to_ebnf(source: str, *, unknown_keywords: str = "reject", expand_repetitions: bool = False) -> str:
+def json_schema_to_ebnf(source: str, *, unknown_keywords: str = "annotate", expand_repetitions: bool = False) -> str:
     """Schema JSON text -> EBNF text with `root`. Raises ConstraintError(InvalidSchema |
-    UnsupportedSchema | UnsatisfiableSchema, message, JSON Pointer).
+    UnsupportedSchema | UnsatisfiableSchema, message, JSON Pointer of the keyword).
 
-    unknown_keywords: "reject" (the contract of issue 4) or "annotate" (opt-in: keywords that are
-    neither known assertions nor known annotations are kept as annotations, as JSON Schema 2020-12
-    section 4.3.1 and the `jsonschema` validator do; `$`-prefixed unknown keywords stay rejected).
+    A pure function of the schema text (issue 13: no cache keyed by object identity).
+
+    unknown_keywords: "annotate" (default, issue 13: keywords that are neither assertions nor known
+    annotations are annotations, as JSON Schema 2020-12 core section 4.3.1 and the `jsonschema`
+    validator treat them; assertions the contract cannot enforce exactly stay located rejections) or
+    "reject" (the stricter issue-4 behaviour: any unknown keyword is an UnsupportedSchema).
 
     expand_repetitions: write bounded repetitions out (same language; for lazily compiled grammars,
     see constraint_service.regex.ebnf.repeat)."""
@@ -138,10 +132,8 @@ def canonicalize(schema, value):
     a signed 64-bit integer literal, so the instance 1.0 is generated as 1)."""
     from .ir import Array, Const, Integer, Object, Union, json_equal
     try:
-        draft7, draft4 = dialect_of(schema)
-        r = Reducer(schema, draft7, draft4, "annotate")
-        if isinstance(schema, dict):
-            _collect_anchors(schema, "", r.anchors)
+        r = _reducer(schema, "annotate")
+        draft4 = r.draft4
         node = r.translate(schema, "")
     except ConstraintError:
         return value
@@ -173,7 +165,7 @@ def canonicalize(schema, value):
         if isinstance(v, dict) and isinstance(n, Object):
             d = dict(n.props)
             keys = [k for k, _ in n.props if k in v] + [k for k in v if k not in d]
-            return {k: canon(d.get(k, n.additional), v[k], depth + 1) for k in keys}
+            return {k: canon(r.prop_schema(n, k), v[k], depth + 1) for k in keys}
         if isinstance(v, list) and isinstance(n, Array):
             return [canon(n.prefix[i] if i < len(n.prefix) else n.items, x, depth + 1) for i, x in enumerate(v)]
         return v

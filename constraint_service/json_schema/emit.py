@@ -5,25 +5,93 @@ from __future__ import annotations
 import json
 
 from ..errors import ConstraintError
-from ..regex.ebnf import repeat
-from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json, dfa_to_rules,
+from ..regex.ebnf import JSON_PLAIN, _cp, class_text, repeat
+from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
                      ebnf_string, parse_regex, product_dfa, search_ast)
-from ..regex.automaton import DFA
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union)
+from .keys import object_general, string_general
 from .numbers import JSON_NUMBER, NumberBoundError, decimal_range, int_range
 
 MAX_LEN_BOUND = 8_192
 MAX_STATES = 65_536
 
+# Every string of the canonical form is followed by one of , } ] : or by the end of the output (a root
+# string); xgrammar checks a rule's lookahead assertion only for tokens that run past the end of that rule
+# while it precompiles token masks, so the assertion below rejects at compile time the tokens that close a
+# string and then continue with anything else (e.g. `".`), instead of leaving them to every mask at match
+# time, and the language stays the same.  The string body is a right-recursive rule with the plain
+# characters as one class (xgrammar's own converter writes `basic_string_sub` the same way): `j_char*`
+# inside quotes costs about 2.5x more per mask.
+STRING_LOOKAHEAD = "(= [,}\\]:])"
+# the canonical escapes (json.dumps(ensure_ascii=False)): \" \\ \b \f \n \r \t, and \u00XX (lower-case
+# hex) for the other control characters U+0000..U+001F; nothing else is escaped
+JSON_ESCAPE = r'"\\" (["\\bfnrt] | "u00" ("0" [0-7bef] | "1" [0-9a-f]))'
+# The characters written verbatim in a canonical string (JSON_PLAIN: U+0020.. except " and \\, no surrogates),
+# as a NEGATED class: the same set as class_text(JSON_PLAIN), but xgrammar 0.2.9 builds its token masks for a
+# negated class far faster (measured: a bounded repetition of the positive form is 4-40x slower per mask).
+JSON_PLAIN_CLASS = r'[^\u0000-\u001f"\\\ud800-\udfff]'
+# Bounded strings (maxLength) are a chain of rules "at most r more characters, then the closing quote";
+# xgrammar evaluates `X{m,n}` of a multi-character X (a string character: plain or escape) at match time,
+# 1 ms to 1 s per mask, while each chain rule has precompiled masks (about 5-30 ms of compile per rule on
+# the SmolLM2 vocabulary).  Up to CHAIN_LIMIT characters are counted by the chain; a longer bound continues
+# with the slow repetition after CHAIN_LIMIT characters (exact language either way).
+CHAIN_LIMIT = 64
+# a single pattern is emitted as its DFA when that has at most this many states (each state is a rule:
+# about 5-30 ms of compile); with a counted repetition, whose EBNF form is far slower per mask, up to
+# DFA_FAST_STATES
+DFA_PLAIN_STATES = 64
+DFA_FAST_STATES = 256
+
 BASE_RULES = r'''
 j_value ::= j_object | j_array | j_string | j_number | "true" | "false" | "null"
 j_object ::= "{" ( j_string ":" j_value ( "," j_string ":" j_value )* )? "}"
 j_array ::= "[" ( j_value ( "," j_value )* )? "]"
-j_string ::= "\"" j_char* "\""
-j_char ::= CHAR
+j_string ::= "\"" j_str_tail
+j_str_tail ::= "\"" | PLAIN j_str_tail | ESC j_str_tail LOOKAHEAD
+j_char ::= PLAIN | ESC
 j_number ::= NUM
-'''.replace("CHAR", charset_json(charset.ANY)).replace("NUM", JSON_NUMBER)
+'''.replace("NUM", JSON_NUMBER).replace(
+    "PLAIN", JSON_PLAIN_CLASS).replace("ESC", JSON_ESCAPE).replace("LOOKAHEAD", STRING_LOOKAHEAD)
+
+
+_SPECIAL = charset.normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
+
+
+def _string_chars(ranges) -> list[str]:
+    """Alternatives matching the canonical encoding of one string character in `ranges`: the plain ones as
+    one class (negated when that is the shorter form: xgrammar precompiles masks of negated classes much
+    faster), the escaped ones as JSON_ESCAPE when all are in, else one by one."""
+    out = []
+    plain = charset.intersect(ranges, JSON_PLAIN)
+    if plain:
+        missing = charset.subtract(JSON_PLAIN, plain)
+        if len(missing) < len(plain):
+            excl = "".join(_cp(lo) if lo == hi else _cp(lo) + "-" + _cp(hi) for lo, hi in missing)
+            out.append(JSON_PLAIN_CLASS[:-1] + excl + "]")
+        else:
+            out.append(class_text(plain))
+    special = charset.intersect(ranges, _SPECIAL)
+    if special == _SPECIAL:
+        out.append(JSON_ESCAPE)
+    elif special:
+        out.append(charset_json(special))
+    return out
+
+
+def _string_char_except(cps) -> list[str]:
+    """_string_chars of every code point except cps."""
+    return _string_chars(charset.subtract(charset.ANY, charset.normalize([(c, c) for c in cps])))
+
+
+def _counted(ast) -> bool:
+    """True when a regex AST has a counted repetition (other than ?, *, +)."""
+    kind = ast[0]
+    if kind == "rep":
+        return ast[2:] not in ((0, None), (1, None), (0, 1), (1, 1)) or _counted(ast[1])
+    if kind in ("cat", "alt"):
+        return any(_counted(c) for c in ast[1])
+    return False
 
 
 def json_literal(v) -> str:
@@ -34,7 +102,7 @@ class Emitter:
     def __init__(self, expand: bool = False):
         self.expand = expand
         self.rules: list[str] = []
-        self.names: dict[int, str] = {}
+        self.names: dict[Node | Box, str] = {}  # keyed by the (live) object, never by id()
         self.count = 0
         self.str_memo: dict = {}
 
@@ -53,7 +121,7 @@ class Emitter:
             return "[]"
         if isinstance(node, Ref):
             box = node.box
-            key = id(box)
+            key = box
             if key not in self.names:
                 name = self.fresh("d")
                 self.names[key] = name
@@ -61,7 +129,7 @@ class Emitter:
                     raise ConstraintError("UnsupportedSchema", "unresolved recursive reference", box.pointer)
                 self.add(name, self.expr(box.node, box.pointer))
             return self.names[key]
-        key = id(node)
+        key = node
         if key not in self.names:
             name = self.fresh(type(node).__name__.lower()[:3])
             self.names[key] = name
@@ -114,13 +182,38 @@ class Emitter:
 
     # ---- strings -------------------------------------------------------------
     def string(self, n: String, ptr: str) -> str:
+        if n.neg_patterns:  # issue 13 (`not`): json_schema/keys.py
+            return string_general(self, n, ptr)
+        ptr = n.where or ptr
         if not n.patterns:
-            if n.max_len is None and n.min_len == 0:
+            lo, hi = n.min_len, n.max_len
+            if hi is None and lo == 0:
                 return "j_string"
-            return f'"\\"" {repeat("j_char", n.min_len, n.max_len, self.expand)} "\\""'
+            if hi is not None and hi < lo:
+                return "[]"
+            if self.expand:
+                return f'"\\"" {repeat("j_char", lo, hi, True)} "\\""'
+            tail = "j_str_tail" if hi is None else self.bounded_tail(hi - lo)
+            return f'"\\"" {self.min_chain(lo, tail)}'
         if len(n.patterns) == 1 and n.min_len == 0 and n.max_len is None:
             ast = search_ast(parse_regex(n.patterns[0], "UnsupportedSchema"))
-            return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=self.expand) + ' "\\""'
+            if self.expand:
+                return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=True) + ' "\\""'
+            # the pattern's DFA as right-linear rules (one rule per state, the closing quote inside, the
+            # string lookahead) has precompiled masks; the regex structure written as EBNF is ambiguous for
+            # search patterns (`.* x .*`, tens of us per mask) and a counted repetition (e.g. [0-9]{4}) is
+            # evaluated at match time (ms per mask).  A DFA over the state limit keeps the EBNF form.
+            key = (n.patterns, 0, None)
+            if key not in self.str_memo:
+                limit = DFA_FAST_STATES if _counted(ast) else DFA_PLAIN_STATES
+                try:
+                    dfa = product_dfa([build_nfa(ast)], 0, None, limit, MAX_LEN_BOUND)
+                except AutomatonLimit:
+                    dfa = None
+                self.str_memo[key] = None if dfa is None else self.dfa_string(dfa)
+            if self.str_memo[key] is None:
+                return '"\\"" ' + ast_to_expr(ast, json_mode=True) + ' "\\""'
+            return self.str_memo[key]
         key = (n.patterns, n.min_len, n.max_len)
         if key not in self.str_memo:
             try:
@@ -128,14 +221,62 @@ class Emitter:
                 dfa = product_dfa(nfas, n.min_len, n.max_len, MAX_STATES, MAX_LEN_BOUND)
             except AutomatonLimit as e:
                 raise ConstraintError("UnsupportedSchema", f"limit {e.limit}: {e}", ptr)
-            if not dfa.accept:
-                self.str_memo[key] = "[]"
-            else:
-                start, rules = dfa_to_rules(dfa, self.fresh("s") + "_", json_mode=True)
-                self.rules.extend(rules)
-                self.str_memo[key] = start
-        inner = self.str_memo[key]
-        return f'"\\"" {inner} "\\""' if inner != "[]" else "[]"
+            self.str_memo[key] = self.dfa_string(dfa) if dfa.accept else "[]"
+        return self.str_memo[key]
+
+    def dfa_string(self, dfa) -> str:
+        """A whole canonical string (quotes included) whose content is accepted by dfa: one rule per state,
+        the closing quote inside the accepting states' rules so that the string's lookahead applies."""
+        prefix = self.fresh("s") + "_"
+        for st, tr in enumerate(dfa.trans):
+            alts = ['"\\""'] if st in dfa.accept else []
+            for ranges, t in tr:
+                alts.extend(f"{e} {prefix}{t}" for e in _string_chars(ranges))
+            self.add(f"{prefix}{st}", (" | ".join(alts) or "[]") + (f" {STRING_LOOKAHEAD}" if alts else ""))
+        return f'"\\"" {prefix}0'
+
+    def min_chain(self, lo: int, tail: str) -> str:
+        """Rule: exactly lo string characters, then `tail` (a rule that ends with the closing quote).
+        A chain of rules with precompiled masks: `j_char j_char ...` copies leave every token that spans
+        several characters to the mask at match time (measured: 30-70 ms per mask at minLength 20)."""
+        if lo == 0:
+            return tail
+        head = ""
+        if lo > CHAIN_LIMIT:  # the slow repetition first, then the chain
+            head = repeat("j_char", lo - CHAIN_LIMIT, lo - CHAIN_LIMIT) + " "
+            lo = CHAIN_LIMIT
+        prev = tail
+        for k in range(1, lo + 1):
+            name = f"{tail}_m{k}"
+            if ("min", name) not in self.str_memo:
+                self.str_memo[("min", name)] = name
+                self.add(name, f"{JSON_PLAIN_CLASS} {prev} | {JSON_ESCAPE} {prev} {STRING_LOOKAHEAD}")
+            prev = name
+        return head + prev
+
+    def bounded_tail(self, r: int) -> str:
+        """Rule: at most r string characters, then the closing quote (a chain of min(r, CHAIN_LIMIT) + 1
+        rules with precompiled masks; rules for smaller r are shared)."""
+        if r <= CHAIN_LIMIT:
+            for k in range(r + 1):
+                name = f"j_sb{k}"
+                if ("chain", k) not in self.str_memo:
+                    self.str_memo[("chain", k)] = name
+                    body = '"\\""' if k == 0 else \
+                        f'"\\"" | {JSON_PLAIN_CLASS} j_sb{k - 1} | {JSON_ESCAPE} j_sb{k - 1}'
+                    self.add(name, f"{body} {STRING_LOOKAHEAD}")
+            return f"j_sb{r}"
+        key = ("chain_long", r)
+        if key not in self.str_memo:
+            # y_i: i characters read so far (i <= CHAIN_LIMIT); after CHAIN_LIMIT + 1 characters the rest
+            # (at most r - CHAIN_LIMIT - 1 more) is a repetition
+            pre = self.fresh("sl") + "_"
+            for i in range(CHAIN_LIMIT + 1):
+                nxt = f"{pre}{i + 1}" if i < CHAIN_LIMIT else f"{pre}rest"
+                self.add(f"{pre}{i}", f'"\\"" | {JSON_PLAIN_CLASS} {nxt} | {JSON_ESCAPE} {nxt} {STRING_LOOKAHEAD}')
+            self.add(f"{pre}rest", f'{repeat("j_char", 0, r - CHAIN_LIMIT - 1)} "\\""')
+            self.str_memo[key] = f"{pre}0"
+        return self.str_memo[key]
 
     # ---- arrays ----------------------------------------------------------------
     def array(self, a: Array, ptr: str) -> str:
@@ -174,13 +315,16 @@ class Emitter:
 
     # ---- objects ---------------------------------------------------------------
     def key_excluding(self, names: list[str]) -> str:
-        """Canonical JSON string whose decoded value is not in names."""
+        """Canonical JSON string (with its quotes) whose decoded value is not in names.
+
+        A trie over the names' code points; every trie state falls back to the plain string tail
+        (`j_str_tail`) on any character that leaves the trie, so only len(trie) small rules are added and
+        the masks past the trie are `j_str_tail`'s precompiled ones.  A key is always followed by ":"."""
         if not names:
             return "j_string"
         key = ("keyx", tuple(sorted(names)))
         if key in self.str_memo:
             return self.str_memo[key]
-        # trie DFA over code points, accepting everything except the names
         trie = [{}]
         ends = set()
         for nm in names:
@@ -192,25 +336,21 @@ class Emitter:
                     trie[cur][c] = len(trie) - 1
                 cur = trie[cur][c]
             ends.add(cur)
-        free = len(trie)
-        dfa = DFA()
-        dfa.trans = []
-        for s, kids in enumerate(trie):
-            tr = [((( c, c),), t) for c, t in kids.items()]
-            rest = charset.subtract(charset.ANY, charset.normalize([(c, c) for c in kids]))
-            if rest:
-                tr.append((rest, free))
-            dfa.trans.append(tr)
-        dfa.trans.append([(charset.ANY, free)])
-        dfa.accept = {s for s in range(len(trie)) if s not in ends} | {free}
-        start, rules = dfa_to_rules(dfa, self.fresh("k") + "_", json_mode=True)
-        self.rules.extend(rules)
+        prefix = self.fresh("k") + "_"
+        for st, kids in enumerate(trie):
+            alts = [] if st in ends else ['"\\""']
+            for c, t in sorted(kids.items()):
+                alts.append(f"{charset_json(((c, c),))} {prefix}{t}")
+            alts.extend(f"{e} j_str_tail" for e in _string_char_except(kids))
+            self.add(f"{prefix}{st}", " | ".join(alts) + ' (= ":")')
         name = self.fresh("key")
-        self.add(name, f'"\\"" {start} "\\""')
+        self.add(name, f'"\\"" {prefix}0')
         self.str_memo[key] = name
         return name
 
     def object(self, o: Object, ptr: str) -> str:
+        if o.patterns or o.min_props or o.max_props is not None:  # issue 13: json_schema/keys.py
+            return object_general(self, o, ptr)
         props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
         all_names = [k for k, _ in o.props]
         has_add = o.additional is not NEVER

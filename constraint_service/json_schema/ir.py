@@ -77,7 +77,9 @@ class Number(Node):
 class String(Node):
     min_len: int = 0
     max_len: int | None = None
-    patterns: tuple = ()
+    patterns: tuple = ()       # ECMAScript patterns the string must match (search semantics)
+    neg_patterns: tuple = ()   # patterns the string must NOT match (from `not`, issue 13)
+    where: str = ""            # JSON Pointer of the keyword that introduced the constraints (errors)
 
 
 @dataclass(eq=False)
@@ -92,7 +94,12 @@ class Array(Node):
 class Object(Node):
     props: list = field(default_factory=list)  # [(name, node)] in declared order
     required: tuple = ()
-    additional: Node = ANY
+    additional: Node = ANY     # for keys neither declared nor matching a pattern
+    patterns: list = field(default_factory=list)  # [(ECMAScript pattern, node)]: patternProperties
+    min_props: int = 0
+    max_props: int | None = None
+    regions: list = field(default_factory=list)   # [(indices of matching patterns, node)], non-empty sets
+    where: str = ""            # JSON Pointer of patternProperties / minProperties (errors)
 
 
 TYPE_NAMES = ("null", "boolean", "object", "array", "number", "string", "integer")

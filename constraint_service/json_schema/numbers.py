@@ -8,7 +8,13 @@ INT64_MIN = -(2 ** 63)
 INT64_MAX = 2 ** 63 - 1
 SAFE = 2 ** 53
 
-JSON_NUMBER = '"-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [+\\-]? [0-9]+)?'
+# Canonical number texts are bounded (issue 13; seed 000 limits a number to 17 significant digits):
+# a fraction is "0" or ends in a non-zero digit (no unbounded trailing zeros) and has at most 20 digits
+# (Python's repr writes down to 1e-4 in fixed notation: 3 zeros + 17 significant digits), an integer
+# part has at most 19 digits (int64), an exponent at most 3 digits.
+FREE_FRAC = '("0" | [0-9]{0,19} [1-9])'
+FREE_DIGITS = "[0-9]{0,15} [1-9]"  # a free fraction tail after the bound digits: ends non-zero
+JSON_NUMBER = '"-"? ("0" | [1-9] [0-9]{0,18}) ("." ' + FREE_FRAC + ')? ([eE] [+\\-]? [0-9]{1,3})?'
 
 
 def _same_len(lo: str, hi: str) -> str:
@@ -44,7 +50,8 @@ def _nonneg_range(a: int, b: int | None) -> str:
             continue
         alts.append(_same_len(str(lo).rjust(L, "0"), str(hi)))
     if b is None:
-        alts.append(f"[1-9] [0-9]{{{la},}}")
+        if la <= 18:  # at most 19 digits (issue 13: bounded number texts)
+            alts.append(f"[1-9] [0-9]{{{la},18}}")
     if not alts:
         return "[]"
     return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
@@ -96,7 +103,10 @@ class _FracBuilder:
         if fa == "":
             fa = None
         if fa is None and fb is None:
-            return "[0-9]+" if need_one else "[0-9]*"
+            return f"({FREE_DIGITS})" if need_one else f"({FREE_DIGITS})?"
+        if fb == "":
+            # the prefix equals the upper bound: any further digit would be a trailing zero
+            return "[]" if need_one else '""'
         key = ("d", fa, fb, need_one)
 
         def body():
@@ -120,7 +130,8 @@ class _FracBuilder:
                     nfb = ""
                 else:
                     nfb = fb[1:] if d == hi_d else None
-                alts.append(f'"{d}" ' + self.digits(nfa, nfb, False))
+                # a fraction never ends in 0 (no trailing zeros): after a 0 another digit is needed
+                alts.append(f'"{d}" ' + self.digits(nfa, nfb, d == 0))
             # group equal continuations for the free middle digits
             return " | ".join(alts) if alts else "[]"
 
@@ -129,25 +140,27 @@ class _FracBuilder:
     def fraction(self, fa, fb) -> str:
         """Optional fraction part ("." digits)? such that fa <= 0.F <= fb (strings, None = open)."""
         if (fa is None or fa == "") and fb is None:
-            return '("." [0-9]+)?'
+            return f'("." {FREE_FRAC})?'
         alts = []
         if fa is None or fa == "":
             alts.append('""')
-        alts.append('"." ' + self.digits(fa if fa else None, fb, True))
+            alts.append('".0"')  # the value of the integer part itself, as json.dumps writes a float
+        if fb != "":
+            alts.append('"." ' + self.digits(fa if fa else None, fb, True))
         return "(" + " | ".join(alts) + ")"
 
 
 def _nonneg_decimal(a: Decimal, b: Decimal | None, fb_: _FracBuilder) -> str:
     aI, aF = _split(a)
     if b is None:
-        alts = [f'"{aI}" ' + fb_.fraction(aF, None), _nonneg_range(aI + 1, None) + ' ("." [0-9]+)?']
+        alts = [f'"{aI}" ' + fb_.fraction(aF, None), _nonneg_range(aI + 1, None) + f' ("." {FREE_FRAC})?']
         return "(" + " | ".join(alts) + ")"
     bI, bF = _split(b)
     if aI == bI:
         return f'"{aI}" ' + fb_.fraction(aF, bF)
     alts = [f'"{aI}" ' + fb_.fraction(aF, None)]
     if bI - aI >= 2:
-        alts.append(_nonneg_range(aI + 1, bI - 1) + ' ("." [0-9]+)?')
+        alts.append(_nonneg_range(aI + 1, bI - 1) + f' ("." {FREE_FRAC})?')
     alts.append(f'"{bI}" ' + fb_.fraction(None, bF))
     return "(" + " | ".join(alts) + ")"
 

@@ -7,35 +7,60 @@ from ..errors import ConstraintError
 from ..regex import parse_regex, regex_search
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union, json_equal, json_type, resolve)
+from .formats import INTEGER_FORMATS, MAX_LENGTH, STRING_FORMATS, format_pattern
 from .numbers import INT64_MAX, INT64_MIN
+
+MAX_DEPENDENCIES = 6      # dependencies expand to 2^k object alternatives
+MAX_UNIQUE_ARRAYS = 4_096  # uniqueItems over a finite item domain: arrays enumerated
+MAX_MULTIPLES = 4_096      # multipleOf on integers: multiples enumerated within the bounds
+MAX_PATTERN_PROPERTIES = 4  # undeclared keys split into 2^k - 1 pattern classes
 
 MAX_MERGES = 16_384
 MAX_VALUE_DEPTH = 256
 
 ANNOTATIONS = {
     "title", "description", "default", "examples", "example", "$comment", "readOnly", "writeOnly",
-    "deprecated", "contentMediaType", "contentEncoding", "markdownDescription", "deprecationMessage",
-    "errorMessage", "enumDescriptions", "markdownEnumDescriptions", "defaultSnippets", "doNotSuggest",
-    "suggestSortText", "patternErrorMessage", "allowTrailingCommas", "propertyOrder", "headerTemplate",
-    "options", "javaType", "javaInterfaces", "tsType", "$anchor", "discriminator", "externalDocs", "xml",
+    "deprecated", "contentMediaType", "contentEncoding", "contentSchema", "markdownDescription",
+    "deprecationMessage", "errorMessage", "enumDescriptions", "markdownEnumDescriptions", "defaultSnippets",
+    "doNotSuggest", "suggestSortText", "patternErrorMessage", "allowTrailingCommas", "propertyOrder",
+    "headerTemplate", "options", "javaType", "javaInterfaces", "tsType", "$anchor", "discriminator",
+    "externalDocs", "xml",
 }
 CONTAINERS = {"$defs", "definitions"}
 IDENTITY = {"$schema", "$id", "id", "$vocabulary"}
+# assertions (in some draft) that the contract cannot enforce exactly: located rejections
 UNSUPPORTED = {
-    "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "uniqueItems",
-    "contains", "minContains", "maxContains", "multipleOf", "patternProperties", "propertyNames",
-    "minProperties", "maxProperties", "unevaluatedProperties", "unevaluatedItems", "format", "not",
-    "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor",
+    "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
+    "$recursiveAnchor",
 }
 TYPE_KW = {
-    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "string": {"minLength", "maxLength", "pattern"},
-    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems"},
-    "object": {"properties", "required", "additionalProperties"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "object": {"properties", "required", "additionalProperties", "patternProperties", "minProperties",
+               "maxProperties", "dependencies", "dependentRequired", "dependentSchemas"},
 }
-ASSERTIONS = set().union(*TYPE_KW.values()) | {"type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref"}
+ASSERTIONS = set().union(*TYPE_KW.values()) | {"type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not",
+                                               "format"}
+# dialects (issue 13): $schema URI fragment -> name; `legacy` drafts (4, 6, 7) take `items` arrays with
+# `additionalItems` and ignore the siblings of `$ref`
+DIALECTS = (("json-schema.org/draft-04/schema", "draft4"), ("json-schema.org/draft-06/schema", "draft6"),
+            ("json-schema.org/draft-07/schema", "draft7"), ("json-schema.org/draft/2019-09/schema", "2019-09"),
+            ("json-schema.org/draft/2020-12/schema", "2020-12"))
+DEFAULT_BASE = "https://ninfer.invalid/schema.json"
+# where subschemas (and so identifiers) live: keyword -> {name: schema}, [schema], or one schema
+SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+SCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
+SCHEMA_ONE = {"additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
+              "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contentSchema"}
 ALL_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
+
+
+def _regex_literal(text: str) -> str:
+    """ECMAScript pattern matching exactly `text` (syntax characters escaped)."""
+    return "".join("\\" + c if c in "^$\\.*+?()[]{}|/" else c for c in text)
 
 
 def esc(tok: str) -> str:
@@ -47,11 +72,24 @@ def unesc(tok: str) -> str:
 
 
 class Reducer:
-    def __init__(self, root, draft7: bool, draft4: bool = False, unknown_keywords: str = "reject"):
+    def __init__(self, root, draft7: bool, draft4: bool = False, unknown_keywords: str = "annotate",
+                 dialect: str | None = None):
         self.root = root
         self.unknown_keywords = unknown_keywords
-        self.draft7 = draft7
-        self.draft4 = draft4
+        if dialect is None:
+            dialect = "draft4" if draft4 else ("draft7" if draft7 else "2020-12")
+        self.dialect = dialect
+        self.draft4 = dialect == "draft4"
+        # draft7: the legacy array/`$ref` semantics of drafts 4, 6 and 7
+        self.draft7 = dialect in ("draft4", "draft6", "draft7")
+        self.items_array = dialect in ("draft4", "draft6", "draft7", "2019-09")
+        self.id_keyword = "id" if self.draft4 else "$id"
+        # identifiers (issue 13): base URI of every schema object holding $id/id, resources by URI,
+        # anchors by (resource URI, name); filled by index_ids()
+        self.bases: dict[str, str] = {}
+        self.resources: dict[str, str] = {}
+        self.named_anchors: dict[tuple, str] = {}
+        self.never_reason: tuple | None = None
         self.boxes: dict[str, Box] = {}
         self.merges = 0
         self.inter_memo: dict = {}
@@ -75,28 +113,108 @@ class Reducer:
         raise ConstraintError("InvalidSchema", msg, ptr)
 
     # ---- refs ------------------------------------------------------------
-    def lookup(self, ref: str, ptr: str):
-        if ref == "#" or ref == "":
-            return self.root, ""
-        if ref.startswith("#/"):
-            cur = self.root
-            path = ""
-            for raw in ref[2:].split("/"):
-                tok = unesc(raw.replace("%25", "%").replace("%22", '"'))
-                if isinstance(cur, dict) and tok in cur:
-                    cur = cur[tok]
-                elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
-                    cur = cur[int(tok)]
-                else:
-                    self.invalid(ptr, f"unresolvable $ref {ref!r}")
-                path += "/" + esc(tok)
+    def index_ids(self):
+        """Collect $id/id identifiers and $anchor names with their base URIs (JSON Schema core 8.2)."""
+        from urllib.parse import urldefrag, urljoin
+        root_base = DEFAULT_BASE
+        self.resources[""] = ""
+
+        def walk(s, ptr, base, depth):
+            if depth > MAX_VALUE_DEPTH:
+                return
+            if isinstance(s, dict):
+                ident = s.get(self.id_keyword)
+                if self.draft7 and "$ref" in s:
+                    ident = None  # drafts 4-7: a sibling of $ref (even $id) is ignored
+                if isinstance(ident, str):
+                    uri, frag = urldefrag(urljoin(base, ident))
+                    if uri:
+                        base = uri
+                        self.resources.setdefault(uri, ptr)
+                    if frag and not frag.startswith("/"):
+                        self.named_anchors.setdefault((base, frag), ptr)  # draft-06/07 "$id": "#name"
+                    self.bases[ptr] = base
+                a = s.get("$anchor")
+                if isinstance(a, str):
+                    self.named_anchors.setdefault((base, a), ptr)
+                    self.anchors.setdefault(a, ptr)
+                for k, v in s.items():
+                    kp = f"{ptr}/{esc(k)}"
+                    if k in SCHEMA_MAPS and isinstance(v, dict):
+                        for name, sub in v.items():
+                            walk(sub, f"{kp}/{esc(name)}", base, depth + 1)
+                    elif k in SCHEMA_LISTS and isinstance(v, list):
+                        for i, sub in enumerate(v):
+                            walk(sub, f"{kp}/{i}", base, depth + 1)
+                    elif k in SCHEMA_ONE or (k in SCHEMA_LISTS and isinstance(v, dict)):
+                        walk(v, kp, base, depth + 1)
+                    # anything else (unknown keywords, enum/const values) holds no identifiers
+        if isinstance(self.root, dict):
+            ident = self.root.get(self.id_keyword)
+            if isinstance(ident, str):
+                uri = urldefrag(urljoin(DEFAULT_BASE, ident))[0]
+                if uri:
+                    root_base = uri
+        self.resources[root_base] = ""
+        self.resources[DEFAULT_BASE] = ""
+        self.bases[""] = root_base
+        walk(self.root, "", root_base, 0)
+
+    def base_of(self, ptr: str) -> str:
+        """Base URI in force at the schema at `ptr` (the nearest enclosing $id/id)."""
+        while True:
+            if ptr in self.bases:
+                return self.bases[ptr]
+            if not ptr:
+                return DEFAULT_BASE
+            ptr = ptr[:ptr.rindex("/")]
+
+    def follow(self, start: str, frag: str, ref: str, ptr: str):
+        """The value at JSON Pointer `frag` (URI-decoded) from the document position `start`."""
+        from urllib.parse import unquote
+        cur = self.root
+        path = ""
+        for raw in [t for t in start.split("/")[1:]] if start else []:
+            tok = unesc(raw)
+            cur = cur[int(tok)] if isinstance(cur, list) else cur[tok]
+            path += "/" + raw
+        if frag == "":
             return cur, path
-        if ref.startswith("#"):
-            name = ref[1:]
-            if name in self.anchors:
-                p = self.anchors[name]
-                return self.lookup("#" + p if p else "#", ptr)
-        self.unsupported(ptr, f"external or non-local $ref {ref!r} is not supported")
+        for raw in frag[1:].split("/"):
+            tok = unesc(unquote(raw))
+            if isinstance(cur, dict) and tok in cur:
+                cur = cur[tok]
+            elif isinstance(cur, list) and tok.isdigit() and int(tok) < len(cur):
+                cur = cur[int(tok)]
+            else:
+                self.invalid(ptr, f"unresolvable $ref {ref!r}")
+            path += "/" + esc(tok)
+        return cur, path
+
+    def lookup(self, ref: str, ptr: str, at: str | None = None):
+        """Resolve `ref` (written in the schema at document pointer `at`) against the base URI in force
+        there: local JSON Pointers, $id/id-identified resources of this document, $anchor / "#name"
+        anchors. Anything else is an external reference (UnsupportedSchema at `ptr`)."""
+        from urllib.parse import unquote, urldefrag, urljoin
+        if not self.bases:
+            self.index_ids()
+        if at is None:
+            at = ptr[:-len("/$ref")] if ptr.endswith("/$ref") else ptr
+        try:
+            uri, frag = urldefrag(urljoin(self.base_of(at), ref))
+        except ValueError:
+            self.invalid(ptr, f"malformed $ref {ref!r}")
+        if uri not in self.resources:
+            self.unsupported(ptr, f"external or non-local $ref {ref!r} is not supported")
+        start = self.resources[uri]
+        if frag == "" or frag.startswith("/"):
+            return self.follow(start, frag, ref, ptr)
+        name = unquote(frag)
+        if (uri, name) in self.named_anchors:
+            return self.follow(self.named_anchors[(uri, name)], "", ref, ptr)
+        if uri == self.bases[""] and name in self.anchors:
+            return self.follow(self.anchors[name], "", ref, ptr)
+        self.invalid(ptr, f"unresolvable $ref {ref!r} (no anchor {name!r})")
 
     def ref_node(self, ref: str, ptr: str) -> Node:
         target, path = self.lookup(ref, ptr)
@@ -119,35 +237,33 @@ class Reducer:
         if not isinstance(s, dict):
             self.invalid(ptr, "a schema must be an object or a boolean")
         # keyword check, in source order
+        legacy_ref = "$ref" in s and self.draft7
         for k in s:
             kp = f"{ptr}/{esc(k)}"
+            if legacy_ref and k != "$ref":
+                continue  # drafts 4-7: the siblings of $ref are ignored (draft-07 core 8.3)
             if k in ("contentMediaType", "contentEncoding") and self.draft7:
                 # draft-07 lets validators assert these (optional vocabulary): not enforced here
                 self.unsupported(kp, f"draft-07 {k} may be an assertion; not supported")
-            if k in ASSERTIONS or k in ANNOTATIONS or k in CONTAINERS:
-                continue
-            if k.startswith("x-"):
-                continue
-            if k in IDENTITY:
-                if k == "$schema" or k == "$vocabulary":
-                    continue
-                if k == "id" and not self.draft4:
-                    self.unsupported(kp, "unknown keyword 'id'")
-                if ptr != "":
-                    self.unsupported(kp, f"nested {k} is not supported")
+            if k in ASSERTIONS or k in ANNOTATIONS or k in CONTAINERS or k in IDENTITY:
                 continue
             if k in UNSUPPORTED:
                 self.unsupported(kp, f"keyword {k!r} is not supported")
-            if k == "$ref":
-                continue
-            if self.unknown_keywords == "annotate" and not k.startswith("$"):
-                continue  # opt-in: unknown keywords treated as annotations (2020-12 section 4.3.1)
-            self.unsupported(kp, f"unknown keyword {k!r}")
-        if "$ref" in s and self.draft7:
-            for k in s:
-                if k in ASSERTIONS and k != "$ref":
-                    self.unsupported(f"{ptr}/{esc(k)}", "draft-07 ignores $ref siblings; use allOf")
+            if self.unknown_keywords == "reject" and not k.startswith("x-"):
+                self.unsupported(kp, f"unknown keyword {k!r}")
+            # unknown keywords are annotations (2020-12 core 4.3.1; earlier drafts likewise ignore them)
+        if legacy_ref:
+            if not isinstance(s["$ref"], str):
+                self.invalid(ptr + "/$ref", "$ref must be a string")
+            return self.ref_node(s["$ref"], ptr + "/$ref")
 
+        if "format" in s:
+            f = s["format"]
+            if not isinstance(f, str):
+                self.invalid(ptr + "/format", "format must be a string")
+            if f not in STRING_FORMATS and f not in INTEGER_FORMATS:
+                self.unsupported(ptr + "/format", f"format {f!r} is not supported (supported: "
+                                 + ", ".join(sorted(STRING_FORMATS) + sorted(INTEGER_FORMATS)) + ")")
         node = self.translate_local(s, ptr)
         if "$ref" in s:
             if not isinstance(s["$ref"], str):
@@ -173,7 +289,156 @@ class Reducer:
                 # (including ones still being built here, under recursion) is complete
                 self.pending_oneof.append((cp, live))
                 node = self.simplify_union(live)
+        node = self.dependencies(s, ptr, node)
+        if "not" in s:
+            neg = self.translate(s["not"], ptr + "/not")
+            comp = self.complement(neg, ptr + "/not")
+            node = self.intersect(node, comp, ptr + "/not")
         return node
+
+    # ---- dependencies (issue 13) --------------------------------------------------
+    def dependencies(self, s, ptr, node):
+        """dependencies / dependentRequired / dependentSchemas: for each trigger name, the instance is
+        either an object without it, or an object with it (and the dependent names / schema); non-objects
+        are unaffected. Exact, as a union of 2^k alternatives (k <= MAX_DEPENDENCIES)."""
+        deps = []
+        for kw in ("dependencies", "dependentRequired", "dependentSchemas"):
+            if kw not in s:
+                continue
+            d = s[kw]
+            kp = f"{ptr}/{kw}"
+            if not isinstance(d, dict):
+                self.invalid(kp, f"{kw} must be an object")
+            for name, v in d.items():
+                vp = f"{kp}/{esc(name)}"
+                if isinstance(v, list) and kw != "dependentSchemas":
+                    if not all(isinstance(x, str) for x in v):
+                        self.invalid(vp, "dependent names must be strings")
+                    deps.append((name, Object([(x, ANY) for x in dict.fromkeys(v)], tuple(dict.fromkeys(v)), ANY), vp))
+                elif kw != "dependentRequired" and (isinstance(v, (dict, bool))):
+                    deps.append((name, self.translate(v, vp), vp))
+                else:
+                    self.invalid(vp, f"{kw} values must be " + ("arrays of names" if kw == "dependentRequired" else "schemas"))
+        if len(deps) > MAX_DEPENDENCIES:
+            self.unsupported(deps[MAX_DEPENDENCIES][2], f"more than {MAX_DEPENDENCIES} dependencies are not supported")
+        others = [Null(), Boolean(), Number(), String(), Array()]
+        for name, then, vp in deps:
+            absent = Union(others + [Object([(name, NEVER)], (), ANY)])
+            present = self.intersect(Object([(name, ANY)], (name,), ANY), then, vp)
+            node = self.simplify_union([self.intersect(node, absent, vp), self.intersect(node, present, vp)])
+        return node
+
+    # ---- not (issue 13) -------------------------------------------------------------
+    def complement(self, n, ptr) -> Node:
+        """The complement of a reduced schema where it is representable: types, const/enum values,
+        number ranges, string lengths and patterns, required names. UnsupportedSchema at `ptr` elsewhere."""
+        n = resolve(n)
+        if n is ANY:
+            return NEVER
+        if n is NEVER:
+            return ANY
+        if isinstance(n, Ref):
+            self.unsupported(ptr, "not over a recursive reference is not supported")
+        alts = n.alts if isinstance(n, Union) else [n]
+        by = {t: [] for t in ("null", "boolean", "number", "string", "array", "object")}
+        for a in alts:
+            a = resolve(a)
+            if a is ANY:
+                return NEVER
+            if isinstance(a, Ref) or isinstance(a, Union):
+                self.unsupported(ptr, "not over a recursive reference is not supported")
+            if isinstance(a, Const):
+                for v in a.values:
+                    t = json_type(v)
+                    by["number" if t == "integer" else t].append(Const([v]))
+                continue
+            t = {Null: "null", Boolean: "boolean", Integer: "number", Number: "number", String: "string",
+                 Array: "array", Object: "object"}[type(a)]
+            by[t].append(a)
+        out = []
+        for t, parts in by.items():
+            if not parts:
+                out.append({"null": Null, "boolean": Boolean, "number": Number, "string": String,
+                            "array": Array, "object": Object}[t]())
+                continue
+            c = self._complement_in_type(t, parts, ptr)
+            if c is not None:
+                out.extend(c)
+        return self.simplify_union(out)
+
+    def _complement_in_type(self, t, parts, ptr):
+        """List of nodes covering the values of JSON type t outside every node of `parts` (all of
+        type t), or [] when parts cover the whole type."""
+        consts = [p.values[0] for p in parts if isinstance(p, Const)]
+        others = [p for p in parts if not isinstance(p, Const)]
+        if t == "null":
+            return []
+        if t == "boolean":
+            if others:
+                return []
+            left = [b for b in (True, False) if not any(json_equal(b, c) for c in consts)]
+            return [Const(left)] if left else []
+        if t == "number":
+            if any(isinstance(p, Integer) for p in others):
+                self.unsupported(ptr, "not over integer ranges (non-integer numbers) is not supported")
+            if len(others) > 1 or (others and consts):
+                self.unsupported(ptr, "not over a union of number ranges is not supported")
+            if others:
+                p = others[0]
+                res = []
+                if p.lo is not None:
+                    res.append(Number(None, False, p.lo, not p.lo_ex))
+                if p.hi is not None:
+                    res.append(Number(p.hi, not p.hi_ex, None, False))
+                return res
+            pts = sorted(set(float(c) if isinstance(c, float) else c for c in consts))
+            res = []
+            prev = None
+            for v in pts:
+                res.append(Number(prev, prev is not None, v, True))
+                prev = v
+            res.append(Number(prev, True, None, False))
+            return res
+        if t == "string":
+            if others and consts:
+                self.unsupported(ptr, "not over strings and string values together is not supported")
+            if consts:
+                neg = tuple("^" + _regex_literal(c) + "$" for c in consts)
+                return [String(0, None, (), neg, ptr)]
+            if len(others) > 1:
+                self.unsupported(ptr, "not over a union of string constraints is not supported")
+            p = others[0]
+            if p.neg_patterns:
+                self.unsupported(ptr, "double negation of string patterns is not supported")
+            has_len = p.min_len > 0 or p.max_len is not None
+            if has_len and p.patterns:
+                self.unsupported(ptr, "not over string length and pattern together is not supported")
+            if p.patterns:
+                if len(p.patterns) > 1:
+                    self.unsupported(ptr, "not over several string patterns is not supported")
+                return [String(0, None, (), p.patterns, ptr)]
+            res = []
+            if p.min_len > 0:
+                res.append(String(0, p.min_len - 1, (), (), ptr))
+            if p.max_len is not None:
+                res.append(String(p.max_len + 1, None, (), (), ptr))
+            return res
+        if t == "array":
+            if consts or len(others) != 1:
+                self.unsupported(ptr, "not over array values is not supported")
+            p = others[0]
+            if p.prefix or p.items is not ANY or p.min_items or p.max_items is not None:
+                self.unsupported(ptr, "not over array constraints is not supported")
+            return []
+        if t == "object":
+            if consts or len(others) != 1:
+                self.unsupported(ptr, "not over object values is not supported")
+            p = others[0]
+            if (p.additional is not ANY or p.patterns or p.min_props or p.max_props is not None
+                    or any(resolve(v) is not ANY for _, v in p.props)):
+                self.unsupported(ptr, "not over object constraints other than `required` is not supported")
+            return [Object([(r, NEVER)], (), ANY) for r in p.required]
+        raise AssertionError(t)
 
     def _num(self, s, k, ptr):
         v = s[k]
@@ -204,6 +469,10 @@ class Reducer:
             tlist = list(dict.fromkeys(tl))
             explicit = True
         present = {t for t, kws in TYPE_KW.items() if any(k in s for k in kws)}
+        if s.get("format") in STRING_FORMATS:
+            present.add("string")
+        elif s.get("format") in INTEGER_FORMATS:
+            present.add("number")
         alts = []
         for t in tlist:
             if t == "integer" and "number" in tlist and not explicit:
@@ -280,23 +549,51 @@ class Reducer:
                 else:
                     if hi is None or v <= hi:
                         hi, hi_ex = v, True
-            if t == "integer":
+            fmt = s.get("format")
+            mult = None
+            if "multipleOf" in s:
+                m = self._num(s, "multipleOf", ptr)
+                if m <= 0:
+                    self.invalid(ptr + "/multipleOf", "multipleOf must be greater than 0")
+                if not float(m).is_integer():
+                    self.unsupported(ptr + "/multipleOf", "multipleOf with a non-integer divisor is not supported "
+                                     "(binary64 division makes it inexact)")
+                mult = int(m)
+            if t == "integer" or fmt in INTEGER_FORMATS or mult is not None:
+                # integer-valued: `integer`, OpenAPI int32/int64 on numbers, integer multipleOf on numbers
                 ilo = None if lo is None else (math.floor(lo) + 1 if lo_ex else math.ceil(lo))
                 ihi = None if hi is None else (math.ceil(hi) - 1 if hi_ex else math.floor(hi))
                 ilo = INT64_MIN if ilo is None else max(ilo, INT64_MIN)
                 ihi = INT64_MAX if ihi is None else min(ihi, INT64_MAX)
+                if fmt in INTEGER_FORMATS:
+                    flo, fhi = INTEGER_FORMATS[fmt]
+                    ilo, ihi = max(ilo, flo), min(ihi, fhi)
                 if ilo > ihi:
+                    self.never_at(ptr + "/minimum" if "minimum" in s else ptr)
                     return NEVER
+                if mult is not None and mult != 1:
+                    first = -(-ilo // mult) * mult
+                    if first > ihi:
+                        self.never_at(ptr + "/multipleOf")
+                        return NEVER
+                    count = (ihi - first) // mult + 1
+                    if count > MAX_MULTIPLES:
+                        self.unsupported(ptr + "/multipleOf", f"multipleOf {mult} over more than {MAX_MULTIPLES} "
+                                         "integers is not supported (bound the range)")
+                    return Const(list(range(first, ihi + 1, mult)))
                 return Integer(ilo, ihi)
             if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_ex or hi_ex))):
+                self.never_at(ptr)
                 return NEVER
             return Number(lo, lo_ex, hi, hi_ex)
         if t == "string":
             mn = self._nonneg_int(s, "minLength", ptr) if "minLength" in s else 0
             mx = self._nonneg_int(s, "maxLength", ptr) if "maxLength" in s else None
             pats = ()
+            where = ptr
             if "pattern" in s:
                 p = s["pattern"]
+                where = ptr + "/pattern"
                 if not isinstance(p, str):
                     self.invalid(ptr + "/pattern", "pattern must be a string")
                 try:
@@ -304,36 +601,46 @@ class Reducer:
                 except ConstraintError as e:
                     raise ConstraintError("UnsupportedSchema", f"pattern: {e.message}", ptr + "/pattern")
                 pats = (p,)
+            fmt = s.get("format")
+            if fmt in STRING_FORMATS:
+                pats = pats + (format_pattern(fmt),)
+                where = ptr + "/format"
+                if fmt in MAX_LENGTH:
+                    mx = MAX_LENGTH[fmt] if mx is None else min(mx, MAX_LENGTH[fmt])
             if mx is not None and mn > mx:
+                self.never_at(ptr + "/minLength")
                 return NEVER
-            return String(mn, mx, pats)
+            if pats or "maxLength" in s:
+                where = where if pats else ptr + "/maxLength"
+            return String(mn, mx, pats, (), where)
         if t == "array":
             prefix = []
             items = ANY
-            if "prefixItems" in s and not self.draft7:
+            if "prefixItems" in s and self.dialect == "2020-12":
                 pi = s["prefixItems"]
                 if not isinstance(pi, list):
                     self.invalid(ptr + "/prefixItems", "prefixItems must be an array")
                 prefix = [self.translate(x, f"{ptr}/prefixItems/{i}") for i, x in enumerate(pi)]
-            elif "prefixItems" in s:
-                self.unsupported(ptr + "/prefixItems", "prefixItems is not a draft-07 keyword")
+            # before 2020-12 `prefixItems` is not a keyword (an annotation)
             if "items" in s:
                 it = s["items"]
                 if isinstance(it, list):
-                    if not self.draft7:
+                    if not self.items_array:
                         self.invalid(ptr + "/items", "items must be a schema in 2020-12 (use prefixItems)")
                     prefix = [self.translate(x, f"{ptr}/items/{i}") for i, x in enumerate(it)]
                     if "additionalItems" in s:
                         items = self.translate(s["additionalItems"], ptr + "/additionalItems")
                 else:
                     items = self.translate(it, ptr + "/items")
-            if "additionalItems" in s and not (self.draft7 and isinstance(s.get("items"), list)):
-                if not self.draft7:
-                    self.unsupported(ptr + "/additionalItems", "additionalItems is not a 2020-12 keyword")
-                # draft-07: additionalItems without an items array has no effect
+            # `additionalItems` without an `items` array has no effect; in 2020-12 it is not a keyword
             mn = self._nonneg_int(s, "minItems", ptr) if "minItems" in s else 0
             mx = self._nonneg_int(s, "maxItems", ptr) if "maxItems" in s else None
-            return self.norm_array(Array(prefix, items, mn, mx))
+            arr = self.norm_array(Array(prefix, items, mn, mx))
+            if s.get("uniqueItems") is True:
+                arr = self.unique_items(arr, ptr + "/uniqueItems")
+            elif "uniqueItems" in s and not isinstance(s["uniqueItems"], bool):
+                self.invalid(ptr + "/uniqueItems", "uniqueItems must be a boolean")
+            return arr
         if t == "object":
             props = []
             if "properties" in s:
@@ -341,6 +648,18 @@ class Reducer:
                 if not isinstance(ps, dict):
                     self.invalid(ptr + "/properties", "properties must be an object")
                 props = [(k, self.translate(v, f"{ptr}/properties/{esc(k)}")) for k, v in ps.items()]
+            pats = []
+            if "patternProperties" in s:
+                pp = s["patternProperties"]
+                if not isinstance(pp, dict):
+                    self.invalid(ptr + "/patternProperties", "patternProperties must be an object")
+                for p, v in pp.items():
+                    pp_ptr = f"{ptr}/patternProperties/{esc(p)}"
+                    try:
+                        parse_regex(p, "UnsupportedSchema")
+                    except ConstraintError as e:
+                        raise ConstraintError("UnsupportedSchema", f"pattern: {e.message}", pp_ptr)
+                    pats.append((p, self.translate(v, pp_ptr)))
             req = ()
             if "required" in s:
                 r = s["required"]
@@ -350,15 +669,119 @@ class Reducer:
             add = ANY
             if "additionalProperties" in s:
                 add = self.translate(s["additionalProperties"], ptr + "/additionalProperties")
-            names = {k for k, _ in props}
+            mnp = self._nonneg_int(s, "minProperties", ptr) if "minProperties" in s else 0
+            mxp = self._nonneg_int(s, "maxProperties", ptr) if "maxProperties" in s else None
+            if len(pats) > MAX_PATTERN_PROPERTIES:
+                self.unsupported(ptr + "/patternProperties",
+                                 f"more than {MAX_PATTERN_PROPERTIES} patternProperties are not supported")
+            o = Object(props, req, add, pats, mnp, mxp)
+            o.regions = self.regions(pats, ptr + "/patternProperties")
+            o.where = ptr + "/patternProperties" if pats else ptr
+            # a declared property also satisfies every patternProperties schema whose pattern it matches
+            o.props = [(k, self.intersect(v, self.pattern_schema(o, k, ptr), ptr + "/patternProperties"))
+                       for k, v in props]
+            names = {k for k, _ in o.props}
             for r in req:
                 if r not in names:
-                    props.append((r, add))
-            o = self.norm_object(Object(props, req, add))
+                    o.props.append((r, self.prop_schema(o, r, ptr)))
+            o = self.norm_object(o)
             if o is NEVER and "required" in s:
                 raise ConstraintError("UnsatisfiableSchema", "a required property can never appear", ptr + "/required")
+            if o is NEVER:
+                self.never_at(ptr + "/minProperties")
             return o
         raise AssertionError(t)
+
+    # ---- helpers (issue 13) ----------------------------------------------------------
+    def never_at(self, ptr):
+        """Remember the first keyword that made a schema empty (the location of UnsatisfiableSchema)."""
+        if self.never_reason is None:
+            self.never_reason = ptr
+
+    def regions(self, pats, ptr):
+        """[(indices S, intersection of the schemas of the patterns in S)] for every non-empty S."""
+        import itertools
+        out = []
+        for r in range(1, len(pats) + 1):
+            for idx in itertools.combinations(range(len(pats)), r):
+                node = ANY
+                for i in idx:
+                    node = self.intersect(node, pats[i][1], ptr)
+                out.append((idx, node))
+        return out
+
+    def pattern_schema(self, o: Object, name: str, ptr: str) -> Node:
+        """Intersection of the patternProperties schemas whose pattern matches `name` (ANY if none)."""
+        node = ANY
+        for p, v in o.patterns:
+            if regex_search(p, name):
+                node = self.intersect(node, v, ptr)
+        return node
+
+    def prop_schema(self, o: Object, name: str, ptr: str = "") -> Node:
+        """The schema a member `name` of `o` must satisfy."""
+        for k, v in o.props:
+            if k == name:
+                return v
+        if any(regex_search(p, name) for p, _ in o.patterns):
+            return self.pattern_schema(o, name, ptr)
+        return o.additional
+
+    def finite_values(self, n, depth=0):
+        """The finite set of values of a node (list), or None when it is not finite/small."""
+        n = resolve(n)
+        if depth > 8 or isinstance(n, Ref):
+            return None
+        if n is NEVER:
+            return []
+        if isinstance(n, Const):
+            return list(n.values)
+        if isinstance(n, Null):
+            return [None]
+        if isinstance(n, Boolean):
+            return [True, False]
+        if isinstance(n, Integer) and n.hi - n.lo < 64:
+            return list(range(n.lo, n.hi + 1))
+        if isinstance(n, Union):
+            out = []
+            for a in n.alts:
+                vs = self.finite_values(a, depth + 1)
+                if vs is None:
+                    return None
+                out += [v for v in vs if not any(json_equal(v, w) for w in out)]
+            return out
+        return None
+
+    def unique_items(self, arr, ptr):
+        """uniqueItems: exact when at most one item is possible, or by enumerating every array of
+        distinct values from a finite item domain (at most MAX_UNIQUE_ARRAYS arrays)."""
+        if arr is NEVER or (isinstance(arr, Array) and arr.max_items is not None and arr.max_items <= 1):
+            return arr
+        import itertools
+        doms = []
+        width = max(len(arr.prefix), 1)
+        for k in range(width + 1):
+            sub = arr.prefix[k] if k < len(arr.prefix) else arr.items
+            vs = self.finite_values(sub)
+            if vs is None:
+                self.unsupported(ptr, "uniqueItems over items without a small finite set of values is not supported")
+            doms.append(vs)
+        pool = []
+        for vs in doms:
+            pool += [v for v in vs if not any(json_equal(v, w) for w in pool)]
+        hi = len(pool) if arr.max_items is None else min(arr.max_items, len(pool))
+        out = []
+        for n in range(arr.min_items, hi + 1):
+            for combo in itertools.permutations(range(len(pool)), n):
+                vals = [pool[i] for i in combo]
+                if self.accepts(arr, vals, 0):
+                    out.append(vals)
+                    if len(out) > MAX_UNIQUE_ARRAYS:
+                        self.unsupported(ptr, f"uniqueItems over more than {MAX_UNIQUE_ARRAYS} arrays is not supported")
+        if not out:
+            self.never_at(ptr)
+            return NEVER
+        return Const(out)
 
     # ---- normalisation -----------------------------------------------------
     def is_never(self, n) -> bool:
@@ -399,6 +822,12 @@ class Reducer:
         for name, n in o.props:
             if name in o.required and self.is_never(n):
                 return NEVER
+        if o.max_props is not None:
+            if o.min_props > o.max_props or len(o.required) > o.max_props:
+                return NEVER
+        if o.min_props and self.is_never(o.additional) and not o.patterns:
+            if sum(1 for _, n in o.props if not self.is_never(n)) < o.min_props:
+                return NEVER
         return o
 
     # ---- intersection ------------------------------------------------------
@@ -413,7 +842,9 @@ class Reducer:
         if self.merges > MAX_MERGES:
             self.unsupported(ptr, f"composition exceeds the limit of {MAX_MERGES} intersection merges")
         if isinstance(a, Ref) or isinstance(b, Ref):
-            key = (id(a.box) if isinstance(a, Ref) else id(a), id(b.box) if isinstance(b, Ref) else id(b))
+            # keyed by the operands themselves (Box and nodes hash by identity and the memo keeps
+            # them alive, so a key can never be reused by another object; issue 13)
+            key = (a.box if isinstance(a, Ref) else a, b.box if isinstance(b, Ref) else b)
             if key in self.inter_memo:
                 return self.inter_memo[key]
             ra, rb = resolve(a), resolve(b)
@@ -462,7 +893,8 @@ class Reducer:
             mx = a.max_len if b.max_len is None else (b.max_len if a.max_len is None else min(a.max_len, b.max_len))
             if mx is not None and mn > mx:
                 return NEVER
-            return String(mn, mx, tuple(dict.fromkeys(a.patterns + b.patterns)))
+            return String(mn, mx, tuple(dict.fromkeys(a.patterns + b.patterns)),
+                          tuple(dict.fromkeys(a.neg_patterns + b.neg_patterns)), a.where or b.where)
         if ta is Array and tb is Array:
             n = max(len(a.prefix), len(b.prefix))
             prefix = []
@@ -475,16 +907,34 @@ class Reducer:
             mx = a.max_items if b.max_items is None else (b.max_items if a.max_items is None else min(a.max_items, b.max_items))
             return self.norm_array(Array(prefix, items, mn, mx))
         if ta is Object and tb is Object:
+            pa_names = [p for p, _ in a.patterns]
+            pb_names = [p for p, _ in b.patterns]
+            if a.patterns and b.patterns and pa_names != pb_names:
+                self.unsupported(ptr, "intersection of two objects with different patternProperties is not supported")
+            for x, y in ((a, b), (b, a)):
+                if x.patterns and not y.patterns and y.additional is not ANY:
+                    self.unsupported(ptr, "patternProperties intersected with another object's "
+                                          "additionalProperties is not supported")
             da, db = dict(a.props), dict(b.props)
             names = list(da) + [k for k in db if k not in da]
             props = []
             for k in names:
-                pa = da.get(k, a.additional)
-                pb = db.get(k, b.additional)
+                pa = da[k] if k in da else self.prop_schema(a, k, ptr)
+                pb = db[k] if k in db else self.prop_schema(b, k, ptr)
                 props.append((k, self.intersect(pa, pb, ptr)))
             req = tuple(dict.fromkeys(a.required + b.required))
             add = self.intersect(a.additional, b.additional, ptr)
-            return self.norm_object(Object(props, req, add))
+            if a.patterns and b.patterns:
+                pats = [(p, self.intersect(x, y, ptr)) for (p, x), (_, y) in zip(a.patterns, b.patterns)]
+                regions = [(i, self.intersect(x, y, ptr)) for (i, x), (_, y) in zip(a.regions, b.regions)]
+            else:
+                pats = list(a.patterns or b.patterns)
+                regions = list(a.regions or b.regions)
+            mxs = [m for m in (a.max_props, b.max_props) if m is not None]
+            o = Object(props, req, add, pats, max(a.min_props, b.min_props), min(mxs) if mxs else None)
+            o.regions = regions
+            o.where = a.where if a.patterns else b.where
+            return self.norm_object(o)
         return NEVER
 
     # ---- value check (enum/const filtering) ----------------------------------
@@ -523,7 +973,8 @@ class Reducer:
             ln = len(v)
             if ln < n.min_len or (n.max_len is not None and ln > n.max_len):
                 return False
-            return all(regex_search(p, v) for p in n.patterns)
+            return (all(regex_search(p, v) for p in n.patterns)
+                    and not any(regex_search(p, v) for p in n.neg_patterns))
         if isinstance(n, Array):
             if jt != "array":
                 return False
@@ -537,12 +988,13 @@ class Reducer:
         if isinstance(n, Object):
             if jt != "object":
                 return False
-            d = dict(n.props)
             for r in n.required:
                 if r not in v:
                     return False
+            if len(v) < n.min_props or (n.max_props is not None and len(v) > n.max_props):
+                return False
             for k, x in v.items():
-                if not self.accepts(d.get(k, n.additional), x, depth + 1):
+                if not self.accepts(self.prop_schema(n, k), x, depth + 1):
                     return False
             return True
         return False
@@ -596,14 +1048,13 @@ class Reducer:
                     return True
             return False
         if isinstance(ra, Object) and isinstance(rb, Object):
-            da, db = dict(ra.props), dict(rb.props)
-            for k in set(ra.required) & set(rb.required):
-                if self.disjoint(da.get(k, ra.additional), db.get(k, rb.additional), depth + 1):
+            for k in sorted(set(ra.required) & set(rb.required)):
+                if self.disjoint(self.prop_schema(ra, k), self.prop_schema(rb, k), depth + 1):
                     return True
             # a property required by one side that the other forbids
-            for x, y, dx in ((ra, rb, db), (rb, ra, da)):
+            for x, y in ((ra, rb), (rb, ra)):
                 for k in x.required:
-                    if self.is_never(dx.get(k, y.additional)):
+                    if self.is_never(self.prop_schema(y, k)):
                         return True
             return False
         return False

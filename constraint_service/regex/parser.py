@@ -1,4 +1,18 @@
-"""A small ECMAScript-subset regex parser (no flags), written for NInfer.
+"""A small ECMAScript-subset regex parser, written for NInfer.
+
+Dialect: ECMAScript (ECMA-262) patterns with the ``u`` flag, for both the
+regex constraint and JSON Schema ``pattern`` / ``patternProperties`` (JSON
+Schema 2020-12 core §6.4 asks for ECMA-262 with Unicode semantics; issue 13
+"Regex dialect").  Consequences of the ``u`` flag, each a located error:
+
+* lone ``{``, ``}`` and ``]`` and incomplete quantifiers (``a{``, ``a{,3}``,
+  ``a{2``) are syntax errors -- there is no Annex B "literal brace" fallback;
+* identity escapes only for syntax characters ``^$\\.*+?()[]{}|/`` (and
+  ``-`` inside a class): ``\\q``, ``\\:``, ``\\@`` are errors;
+* ``\\u{X...}`` code point escapes and ``\\uD83D\\uDE00`` surrogate pairs
+  denote one code point; a lone surrogate escape is an error;
+* no flags (the pattern is compiled without ``i``/``m``/``s``/``y``/``g``);
+  ``.`` excludes the four line terminators.
 
 AST nodes (tuples):
   ("chars", ranges)            one code point from a charset
@@ -19,6 +33,8 @@ EMPTY_NODE = ("cat", [])
 MAX_REPEAT = 100_000
 
 SYNTAX_CHARS = set("^$\\.*+?()[]{}|/")
+_IDENTITY_ESCAPES = frozenset("^$\\.*+?()[]{}|/")  # ECMA-262 u-mode IdentityEscape
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 @dataclass
@@ -127,6 +143,9 @@ class _Parser:
                 self.i += 1
             elif c == "{":
                 q = self.try_braces()
+                if q is None:
+                    self.err("incomplete quantifier: expected {n}, {n,} or {n,m} "
+                             "(write \\{ for the character)", qpos)
             if q is None:
                 break
             if self.peek() == "?":
@@ -151,7 +170,7 @@ class _Parser:
         return r is not None
 
     def try_braces(self):
-        # returns (lo, hi) and advances, or None (then '{' is a literal, Annex B)
+        # returns (lo, hi) and advances, or None (not a complete quantifier: an error in u-mode)
         j = self.i + 1
         k = j
         while k < self.n and self.p[k].isdigit() and self.p[k].isascii():
@@ -180,8 +199,11 @@ class _Parser:
         if c == "{":
             if self._braces_ahead():
                 self.err("nothing to repeat")
-            self.i += 1
-            return ("chars", cs.normalize([(ord("{"), ord("{"))]))
+            self.err("lone '{' (incomplete quantifier or unescaped brace; write \\{ for the character)")
+        if c == "}":
+            self.err("lone '}' (write \\} for the character)")
+        if c == "]":
+            self.err("lone ']' (write \\] for the character)")
         if c == "^":
             self.err("'^' is only allowed at the start of the expression or of a top-level alternative")
         if c == "$":
@@ -196,7 +218,7 @@ class _Parser:
         if c == "\\":
             r = self.parse_escape(in_class=False)
             return ("chars", r)
-        # literal (including a lone ']' or '}', Annex B)
+        # literal
         self.i += 1
         cp = ord(c)
         if cs.SURR_LO <= cp <= cs.SURR_HI:
@@ -320,12 +342,31 @@ class _Parser:
                 return ((v, v),)
             self.err("invalid \\x escape", start)
         if c == "u":
+            if self.peek() == "{":  # \u{X...}: code point escape (u-mode)
+                close = self.p.find("}", self.i)
+                h = self.p[self.i + 1:close] if close > 0 else ""
+                if h and all(ch in _HEX for ch in h):
+                    v = int(h, 16)
+                    if v > cs.MAX_CP:
+                        self.err("\\u{...} escape beyond U+10FFFF", start)
+                    if cs.SURR_LO <= v <= cs.SURR_HI:
+                        self.err("lone surrogate escape (not a Unicode scalar value)", start)
+                    self.i = close + 1
+                    return ((v, v),)
+                self.err("invalid \\u{...} escape", start)
             h = self.p[self.i:self.i + 4]
-            if len(h) == 4 and all(ch in "0123456789abcdefABCDEF" for ch in h):
+            if len(h) == 4 and all(ch in _HEX for ch in h):
                 v = int(h, 16)
-                if cs.SURR_LO <= v <= cs.SURR_HI:
-                    self.err("surrogate escapes are not supported", start)
                 self.i += 4
+                if 0xD800 <= v <= 0xDBFF:  # a surrogate pair \uHHHH\uLLLL is one code point
+                    lo = self.p[self.i:self.i + 6]
+                    if len(lo) == 6 and lo[:2] == "\\u" and all(ch in _HEX for ch in lo[2:]) \
+                            and 0xDC00 <= int(lo[2:], 16) <= 0xDFFF:
+                        self.i += 6
+                        v = 0x10000 + ((v - 0xD800) << 10) + (int(lo[2:], 16) - 0xDC00)
+                        return ((v, v),)
+                if cs.SURR_LO <= v <= cs.SURR_HI:
+                    self.err("lone surrogate escape (not a Unicode scalar value)", start)
                 return ((v, v),)
             self.err("invalid \\u escape", start)
         if c == "c":
@@ -335,9 +376,12 @@ class _Parser:
                 v = ord(l) % 32
                 return ((v, v),)
             self.err("invalid \\c escape", start)
-        if c.isascii() and not c.isalnum() and c != "_" and 0x21 <= ord(c) <= 0x7E:
+        if c in _IDENTITY_ESCAPES or (in_class and c == "-"):
             return ((ord(c), ord(c)),)
-        self.err(f"unknown escape '\\{c}'", start)
+        if c.isascii() and c.isalnum():
+            self.err(f"unknown escape '\\{c}'", start)
+        self.err(f"'\\{c}' is not a valid escape with the u flag (only syntax characters "
+                 f"^$\\.*+?()[]{{}}|/ may be escaped; write '{c}' without the backslash)", start)
 
 
 def parse(pattern: str, kind: str = "InvalidRegex") -> ParsedRegex:

@@ -16,6 +16,11 @@ from concurrent import futures
 from gpu_engine.spec.registry import SpecMethod
 
 log = logging.getLogger("ninfer.serve")
+# Largest request message accepted on the public port, bytes.
+MAX_REQUEST_BYTES = 8 << 20
+# gRPC worker threads kept beyond the Generate capacity (lanes + queue) for health checks, CountTokens
+# and reflection, so a saturated server still answers its probes (issue 14 (6)).
+HEALTH_RESERVE_WORKERS = 16
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefill-token-budget", type=int, default=4096,
                     help="prompt tokens per batched prefill forward (rows admitted together share it)")
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--max-queued-requests", type=int, default=64,
+                    help="admitted requests that may wait for a lane; past it Generate answers RESOURCE_EXHAUSTED "
+                         "with a retry hint (default 64)")
+    ap.add_argument("--sidecar-socket", default="", metavar="PATH",
+                    help="use the constraint sidecar already listening on this unix socket (e.g. a Kubernetes "
+                         "sidecar container running `python -m constraint_service --socket PATH`) instead of "
+                         "starting one; it must run under the same uid")
+    ap.add_argument("--tls-cert", default="", metavar="PEM", help="serve TLS with this certificate chain")
+    ap.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
+    ap.add_argument("--tls-client-ca", default="", metavar="PEM",
+                    help="require client certificates signed by this CA (mutual TLS; needs --tls-cert)")
+    ap.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY", ""),
+                    help="require `authorization: Bearer KEY` on every RPC but health checks "
+                         "(default: $NINFER_API_KEY; prefer the variable, argv is visible to other users)")
     ap.add_argument("--metrics-port", type=int, default=0,
                     help="serve Prometheus /metrics on this port (0 = off)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "INFO"))
@@ -75,7 +94,10 @@ def build_stack(args: argparse.Namespace):
     ring = MaskRing.create(default_ring_name(str(args.port)), geo)
     ring_info = dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots, num_lanes=geo.num_lanes,
                      num_positions=geo.num_positions, num_words=geo.num_words)
-    sidecar = Sidecar(f"/tmp/ninfer-{args.port}-constraint.sock", vocab, ring_info, extra_args=[
+    # The socket lives in a fresh private (0700) directory the Sidecar creates: no other user can place
+    # or reach a socket there, and the Sidecar checks the peer's credentials before trusting it.
+    sidecar = Sidecar(args.sidecar_socket or None, vocab, ring_info, external=bool(args.sidecar_socket),
+                      extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads)])
     from gpu_engine.executor import make_program
@@ -115,6 +137,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     from ninfer_common.telemetry import server_interceptors, setup_metrics, setup_tracing
     from ninfer.v1 import generation_pb2
 
+    from shared_memory.errors import RingError
+
+    from gpu_engine.api.security import ApiKeyInterceptor, server_credentials
     from gpu_engine.api.servicer import GenerationServicer, add_generation_servicer
 
     setup_tracing("ninfer-engine")
@@ -123,25 +148,56 @@ def serve_main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    engine, frontend, loaded = build_stack(args)
+    # Bind the public port before anything else (ring, sidecar, model): a second server on a taken
+    # port must fail here without touching the live server's ring. SO_REUSEPORT off: gRPC enables it
+    # by default, which lets a second process share (and steal connections from) a live port.
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_client_ca and not args.tls_cert):
+        print("error: --tls-cert and --tls-key go together; --tls-client-ca needs them", file=sys.stderr)
+        return 2
+    interceptors = list(server_interceptors())
+    if args.api_key:
+        interceptors.insert(0, ApiKeyInterceptor(args.api_key))
+    reserve = HEALTH_RESERVE_WORKERS
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.max_lanes + args.max_queued_requests + reserve,
+                                                    thread_name_prefix="ninfer-rpc"),
+                         interceptors=interceptors,
+                         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), ("grpc.so_reuseport", 0)])
+    address = f"{args.host}:{args.port}"
+    try:
+        if args.tls_cert:
+            port = server.add_secure_port(address, server_credentials(args.tls_cert, args.tls_key,
+                                                                      args.tls_client_ca or None))
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    except OSError as e:
+        print(f"error: cannot read TLS files: {e}", file=sys.stderr, flush=True)
+        return 2
+    if port == 0:
+        print(f"error: cannot listen on {args.host}:{args.port} (is another server running on this port?)",
+              file=sys.stderr, flush=True)
+        return 1
+    try:
+        engine, frontend, loaded = build_stack(args)
+    except RingError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     engine.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), interceptors=server_interceptors(),
-                         options=[("grpc.max_receive_message_length", 8 << 20)])
     add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default,
+                                               max_queued_requests=args.max_queued_requests,
                                                chat_output=chat_output_frontend(loaded, frontend)), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection([
         generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
-    if port == 0:
-        print(f"error: cannot listen on {args.host}:{args.port}", file=sys.stderr)
-        engine.stop()
-        return 1
     server.start()
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     hs.set("ninfer.v1.Generation", health_pb2.HealthCheckResponse.SERVING)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not (args.api_key or args.tls_client_ca):
+        log.warning("listening on %s without --api-key or mutual TLS: anyone who can reach the port can use it",
+                    args.host)
     print(f"ninfer ready on {args.host}:{port} (model {loaded.source}, device {engine.program.device}, "
           f"lanes {args.max_lanes})", flush=True)
     try:

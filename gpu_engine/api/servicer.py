@@ -12,6 +12,8 @@ structured ``ErrorDetail`` (:func:`ninfer_common.grpc_status.rpc_status_of`).
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Iterator
 
 import grpc
@@ -33,8 +35,31 @@ log = logging.getLogger("ninfer.server")
 _tracer = get_tracer("ninfer.gpu_engine.server")
 
 
+# Concurrent CountTokens calls; more answer RESOURCE_EXHAUSTED (tokenising is CPU work on the RPC pool).
+COUNT_TOKENS_CONCURRENCY = 4
+# Retry hint sent with RESOURCE_EXHAUSTED (google.rpc.RetryInfo), seconds.
+RETRY_AFTER_S = 1.0
+
+
 def _abort(context: grpc.ServicerContext, e: RequestError) -> None:
+    if str(e.kind) == ErrorKind.SERVER_OVERLOADED:
+        context.abort_with_status(_with_retry_hint(rpc_status_of(e, pb.ErrorDetail), RETRY_AFTER_S))
     context.abort_with_status(rpc_status_of(e, pb.ErrorDetail))
+
+
+def _with_retry_hint(status: grpc.Status, retry_after_s: float) -> grpc.Status:
+    """``status`` with a ``google.rpc.RetryInfo`` appended to its rich-error details."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    md = dict(status.trailing_metadata)
+    rich = status_pb2.Status.FromString(md["grpc-status-details-bin"])
+    hint = any_pb2.Any()
+    hint.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+        seconds=int(retry_after_s), nanos=int((retry_after_s % 1) * 1e9))))
+    rich.details.append(hint)
+    return rpc_status.to_status(rich)
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):
@@ -46,11 +71,37 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         default_max_tokens: budget when a request gives 0.
     """
 
-    def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256, chat_output=None) -> None:
+    def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256,
+                 max_queued_requests: int = 64, chat_output=None) -> None:
         self.engine = engine
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
         self.admission = Admission(engine, frontend, default_max_tokens, chat_output=chat_output)
+        # Admission control (issue 14 (6)): Generate calls in flight (admitting, queued or running) are
+        # bounded by lanes + queue; past it a call is refused at once with a retry hint, so the RPC
+        # pool keeps threads for health checks.
+        self.max_in_flight = engine.max_lanes + max(0, max_queued_requests)
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._count_slots = threading.BoundedSemaphore(COUNT_TOKENS_CONCURRENCY)
+
+    def _reject(self, context: grpc.ServicerContext, e: RequestError, span=None) -> None:
+        """Count and answer a rejection before queueing (every path goes through here)."""
+        if span is not None:
+            span.set_attribute("ninfer.error.kind", str(e.kind))
+        self.engine.metrics.request_rejected(str(e.kind))
+        _abort(context, e)
+
+    def _enter(self) -> bool:
+        with self._lock:
+            if self._in_flight >= self.max_in_flight:
+                return False
+            self._in_flight += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def build_request(self, msg: pb.GenerateRequest) -> Request:
         """Convert, validate, render, tokenize and prepare the constraint (raises RequestError)."""
@@ -58,23 +109,48 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     # ----------------------------------------------------------------- RPCs
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+        arrival = time.monotonic()
         if isinstance(request, _Undecodable):
-            _abort(context, RequestError(ErrorKind.INVALID_REQUEST, f"cannot decode the request: {request.reason}"))
+            self._reject(context, RequestError(ErrorKind.INVALID_REQUEST,
+                                               f"cannot decode the request: {request.reason}"))
             return
+        if not self._enter():
+            self._reject(context, RequestError(
+                ErrorKind.SERVER_OVERLOADED, f"the server is at capacity ({self.max_in_flight} requests running or "
+                f"queued); retry after {RETRY_AFTER_S:g} s"))
+            return
+        try:
+            yield from self._generate(request, context, arrival)
+        finally:
+            self._leave()
+
+    def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
+                  arrival: float) -> Iterator[pb.GenerateResponse]:
         with _tracer.start_as_current_span("ninfer.generate") as span:
+            span.set_attribute("gen_ai.operation.name", "text_completion")
             span.set_attribute("gen_ai.request.max_tokens", int(request.max_tokens))
+            if request.request_id:
+                span.set_attribute("gen_ai.request.id", request.request_id)
             try:
                 req = self.build_request(request)
             except RequestError as e:
-                span.set_attribute("ninfer.error.kind", str(e.kind))
-                self.engine.metrics.request_rejected(str(e.kind))
-                _abort(context, e)
+                self._reject(context, e, span)
                 return
             context.add_callback(req.cancel)
             self.engine.submit(req)
+            metrics = self.engine.metrics
+            last = None
             while True:
                 ev = req.events.get()
                 if isinstance(ev, Delta):
+                    n = len(ev.token_ids)
+                    if n:
+                        now = time.monotonic()
+                        if last is None:
+                            metrics.first_token(now - arrival)
+                        else:
+                            metrics.inter_token((now - last) / n)
+                        last = now
                     yield delta_to_proto(ev, req.output is not None)
                     continue
                 assert isinstance(ev, Finish)
@@ -86,12 +162,20 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
         if isinstance(request, _Undecodable):
-            _abort(context, RequestError(ErrorKind.INVALID_REQUEST, f"cannot decode the request: {request.reason}"))
-        prompt, messages, cont = input_of(request)
+            self._reject(context, RequestError(ErrorKind.INVALID_REQUEST,
+                                               f"cannot decode the request: {request.reason}"))
+        if not self._count_slots.acquire(blocking=False):
+            self._reject(context, RequestError(ErrorKind.SERVER_OVERLOADED, f"{COUNT_TOKENS_CONCURRENCY} CountTokens "
+                                               f"calls are running; retry after {RETRY_AFTER_S:g} s"))
         try:
-            ids = self.admission.encode(GenerateParams(prompt=prompt, messages=messages, continue_final_message=cont))
-        except RequestError as e:
-            _abort(context, e)
+            prompt, messages, cont = input_of(request)
+            try:
+                ids = self.admission.encode(GenerateParams(prompt=prompt, messages=messages,
+                                                           continue_final_message=cont))
+            except RequestError as e:
+                self._reject(context, e)
+        finally:
+            self._count_slots.release()
         return pb.CountTokensResponse(num_tokens=len(ids), max_context_tokens=self.engine.program.max_seq_len)
 
 

@@ -15,7 +15,10 @@ from ninfer_common.errors import ErrorKind, RequestError, Status
 from gpu_engine.core.params import GenerateParams
 from gpu_engine.core.request import ConstraintRef, Request, SamplingOptions, SpecMethod
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "PROMPT_BYTES_SLACK"]
+
+# Factor on ``max_seq_len * longest token bytes`` for the byte limit of a prompt (see Admission).
+PROMPT_BYTES_SLACK = 4
 
 
 class Admission:
@@ -32,6 +35,11 @@ class Admission:
         self.engine = engine
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
+        # Issue 14 (7): a prompt longer than this many bytes cannot fit the context whatever its
+        # tokenisation (every token covers at most ``longest`` bytes; x4 leaves room for tokenizer
+        # normalisation), so it is refused before the tokenizer ever sees it.
+        longest = max((len(b) for b in engine.vocab.token_bytes), default=1)
+        self.max_prompt_bytes = engine.program.max_seq_len * max(1, longest) * PROMPT_BYTES_SLACK
         #: :class:`gpu_engine.frontend.output.ChatOutputFrontend` (tools / thinking), None = plain chat only
         self.chat_output = chat_output
 
@@ -69,14 +77,26 @@ class Admission:
         """Prompt token ids of ``params`` (chat rendered with the template).
 
         Raises:
-            RequestError: ``InvalidRequest`` (no input, template failure, control-token spelling).
+            RequestError: ``InvalidRequest`` (no input, a prompt too large for the context — checked on
+                its UTF-8 byte length before tokenising —, template failure, control-token spelling).
         """
+        self._check_size(params)
         if params.messages is not None:
             msgs = [{"role": m.role, "content": m.content} for m in params.messages]
             return self.frontend.encode_chat(msgs, continue_final=params.continue_final_message)
         if params.prompt is None:
             raise RequestError(ErrorKind.INVALID_REQUEST, "expected one of `prompt` or `chat`, got neither")
         return self.frontend.encode_prompt(params.prompt)
+
+    def _check_size(self, params: GenerateParams) -> None:
+        if params.messages is not None:
+            n = sum(len(m.content.encode()) + len(m.role.encode()) for m in params.messages)
+        else:
+            n = len(params.prompt.encode()) if params.prompt is not None else 0
+        if n > self.max_prompt_bytes:
+            max_ctx = self.engine.program.max_seq_len
+            raise RequestError(ErrorKind.INVALID_REQUEST, f"prompt is {n} bytes; at most {self.max_prompt_bytes} "
+                               f"bytes can fit the context limit of {max_ctx} tokens (refused before tokenising)")
 
     def admit(self, params: GenerateParams) -> Request:
         """Validates, tokenises and prepares ``params``; returns the request to submit.
@@ -86,6 +106,7 @@ class Admission:
                 kinds from the sidecar, ``ConstraintServiceUnavailable``, ...).
         """
         params.validate()
+        self._check_size(params)  # before any template rendering or tokenising (plain and tool/thinking turns)
         request_id = params.request_id or uuid.uuid4().hex
         planned = self.plan(params)
         prompt_ids, plan = planned if planned is not None else (self.encode(params), None)

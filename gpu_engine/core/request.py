@@ -171,6 +171,7 @@ class Request:
     accepted_draft_tokens: int = 0
     finished: bool = False
     detok: Any = None  # IncrementalDetokenizer, set at admission
+    submitted_s: float = 0.0  # time.monotonic() when the engine received it (queue-wait metric)
     output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
     output_result: Any = None  # its StreamResult, set when the request finishes
 

@@ -71,6 +71,8 @@ class Engine(Drafting, Closing):
         self.draft_layers = draft_layers
         self.stats = EngineStats()
         self.metrics = EngineMetrics()
+        self.metrics.observe_engine(lambda: self.num_waiting, lambda: self.num_active,
+                                    lambda: self.sidecar.restarts if self.sidecar is not None else 0)
         self._waiting: "queue.Queue[Request]" = queue.Queue()
         self._lanes: list[Request | None] = [None] * self.max_lanes
         self._seq = 0
@@ -124,6 +126,7 @@ class Engine(Drafting, Closing):
 
     def submit(self, req: Request) -> None:
         """Queue a prepared request (constraint already compiled by the caller)."""
+        req.submitted_s = time.monotonic()
         self._waiting.put(req)
         self._wake.set()
 
@@ -131,6 +134,11 @@ class Engine(Drafting, Closing):
     def num_active(self) -> int:
         """Requests resident in lanes."""
         return sum(r is not None for r in self._lanes)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and waiting for a lane (approximate while the worker runs)."""
+        return self._waiting.qsize()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -165,6 +173,7 @@ class Engine(Drafting, Closing):
                                                         "the constraint sidecar restarted before this request ran", status=Status.UNAVAILABLE))
                 continue
             r.lane = lane
+            self.metrics.queued(time.monotonic() - r.submitted_s)
             r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
             self._lanes[lane] = r
             new.append(r)

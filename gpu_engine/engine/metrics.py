@@ -33,6 +33,36 @@ class EngineMetrics:
         self.step = m.create_histogram("ninfer_step_seconds", unit="s", description="Engine step wall time")
         self.drafts = m.create_counter("ninfer_draft_tokens", unit="1", description="Proposed draft tokens")
         self.accepted = m.create_counter("ninfer_accepted_draft_tokens", unit="1", description="Accepted draft tokens")
+        self.compile = m.create_histogram("ninfer_constraint_compile_seconds", unit="s",
+                                          description="Preparation time of constrained requests whose grammar was "
+                                                      "compiled (cache outcome built)")
+        self.ttft = m.create_histogram("ninfer_time_to_first_token_seconds", unit="s",
+                                       description="Request arrival at the public API to its first streamed token")
+        self.itl = m.create_histogram("ninfer_inter_token_latency_seconds", unit="s",
+                                      description="Gap between streamed tokens of one request (per token)")
+        self.queue_wait = m.create_histogram("ninfer_queue_wait_seconds", unit="s",
+                                             description="Submission to the engine until the request got a lane")
+        self._meter = m
+
+    def observe_engine(self, queue_depth, running_lanes, sidecar_restarts) -> None:
+        """Register the gauges read at scrape time.
+
+        Args:
+            queue_depth: ``() -> int``, requests submitted and waiting for a lane.
+            running_lanes: ``() -> int``, requests resident in lanes.
+            sidecar_restarts: ``() -> int``, restarts of the constraint sidecar since start-up.
+        """
+        if not self._on:
+            return
+        from opentelemetry.metrics import Observation
+
+        m = self._meter
+        m.create_observable_gauge("ninfer_queue_depth", callbacks=[lambda _o: [Observation(queue_depth())]],
+                                  unit="1", description="Requests waiting for a lane")
+        m.create_observable_gauge("ninfer_running_lanes", callbacks=[lambda _o: [Observation(running_lanes())]],
+                                  unit="1", description="Requests resident in lanes")
+        m.create_observable_counter("ninfer_sidecar_restarts", callbacks=[lambda _o: [Observation(sidecar_restarts())]],
+                                    unit="1", description="Constraint sidecar restarts since start-up")
 
     def request_finished(self, finish_reason: str, constraint_kind: str, completion_tokens: int,
                          draft_tokens: int, accepted_draft_tokens: int, constraint: Any | None) -> None:
@@ -48,6 +78,8 @@ class EngineMetrics:
         if constraint is not None and constraint.cache:
             self.cache.add(1, {"cache": str(constraint.cache)})
             self.prepare.record(float(constraint.prepare_seconds))
+            if str(constraint.cache) == "built":
+                self.compile.record(float(constraint.prepare_seconds))
 
     def request_rejected(self, kind: str) -> None:
         if self._on:
@@ -60,3 +92,15 @@ class EngineMetrics:
     def sidecar_wait(self, seconds: float) -> None:
         if self._on:
             self.wait.record(seconds)
+
+    def first_token(self, seconds: float) -> None:
+        if self._on:
+            self.ttft.record(seconds)
+
+    def inter_token(self, seconds_per_token: float) -> None:
+        if self._on:
+            self.itl.record(seconds_per_token)
+
+    def queued(self, seconds: float) -> None:
+        if self._on:
+            self.queue_wait.record(seconds)

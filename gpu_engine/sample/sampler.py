@@ -226,16 +226,20 @@ def target_probs(
     temp = torch.where(greedy, 1.0, st.temperature).unsqueeze(-1)
     if not st.use_filters:  # no top-k / min-p / top-p anywhere: no sort needed
         # torch.argmax returns the first maximal index: ties → smaller id.
-        onehot = torch.zeros_like(z).scatter_(-1, torch.argmax(z, -1, keepdim=True), 1.0)
-        p = torch.where(greedy.unsqueeze(-1), onehot, torch.softmax(z / temp, dim=-1))
+        top = torch.argmax(z, -1, keepdim=True)
+        onehot = torch.zeros_like(z).scatter_(-1, top, 1.0)
+        # (z - max z) / T, not z / T - max(z / T): z / T overflows to inf for tiny T (NaN weights).
+        p = torch.where(greedy.unsqueeze(-1), onehot, torch.softmax((z - z.gather(-1, top)) / temp, dim=-1))
         return torch.where(bad.unsqueeze(-1), 0.0, p), err
     # One stable descending sort serves top-k, min-p, top-p and greedy: ties
     # keep ascending token order, so rank 0 is the smallest-id legal argmax.
-    s_sorted, idx = torch.sort(z / temp, dim=-1, descending=True, stable=True)
+    z_sorted, idx = torch.sort(z, dim=-1, descending=True, stable=True)
+    # Shift before scaling: (z - max z) / T <= 0 never overflows (z / T does for tiny T).
+    s_sorted = (z_sorted - z_sorted[:, :1]) / temp
     rank = torch.arange(v, device=dev).unsqueeze(0)
     k = torch.where(st.top_k > 0, torch.minimum(st.top_k.to(num_finite.dtype), num_finite), num_finite)
     keep = rank < k.clamp_min(1).unsqueeze(-1)  # the candidate set C (finite, legal, top-k)
-    w = torch.where(keep, torch.exp(s_sorted - s_sorted[:, :1]), 0.0)
+    w = torch.where(keep, torch.exp(s_sorted), 0.0)
     p = _renorm(w)
     # min-p: drop tokens below min_p * max probability (after top-k + temperature).
     p = _renorm(torch.where(p >= st.min_p.unsqueeze(-1) * p[:, :1], p, 0.0))

@@ -1,7 +1,10 @@
 """Supervision of the constraint sidecar and the client side of its API.
 
 The engine starts ``python -m constraint_service`` as a child process on a
-unix socket, registers its vocabulary and mask ring, and keeps one ``Step``
+unix socket inside a fresh private directory (mode 0700, random name: no other
+user can place or reach a socket there), checks with ``SO_PEERCRED`` that the
+process answering on it is that child (same uid), registers its vocabulary
+and mask ring, and keeps one ``Step``
 stream open. If the sidecar dies, every in-flight constrained request fails
 with ``ConstraintServiceUnavailable`` (nothing else is lost), and the
 sidecar is restarted for the next request.
@@ -12,8 +15,12 @@ import enum
 import logging
 import os
 import queue
+import shutil
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -110,15 +117,28 @@ class Sidecar:
     """Owns the sidecar process, its channel and the Step stream.
 
     Args:
-        socket_path: unix socket path for the sidecar.
+        socket_path: unix socket path for the sidecar, or ``None`` (the default in ``ninfer serve``):
+            a socket in a fresh private directory made by :func:`tempfile.mkdtemp` (0700), removed
+            by :meth:`stop`.
         vocab: the model's token domain to register.
         ring_info: ``AttachRingRequest`` fields (name, byte_size, num_slots,
             num_lanes, num_positions, num_words).
         extra_args: extra command-line arguments for the sidecar.
+        external: connect to a sidecar supervised by someone else (a Kubernetes sidecar container)
+            at ``socket_path`` instead of starting a child: the peer must run under our uid; a lost
+            connection is re-established (re-registering vocabulary and ring) on the next request.
     """
 
-    def __init__(self, socket_path: str, vocab: TokenVocabulary, ring_info: dict, extra_args: list[str] | None = None,
-                 startup_timeout_s: float = 60.0) -> None:
+    def __init__(self, socket_path: str | None, vocab: TokenVocabulary, ring_info: dict,
+                 extra_args: list[str] | None = None, startup_timeout_s: float = 60.0, external: bool = False) -> None:
+        if external and not socket_path:
+            raise ValueError("external: expected a socket_path")
+        self.external = external
+        self._lost = False
+        self._private_dir: str | None = None
+        if socket_path is None:
+            self._private_dir = tempfile.mkdtemp(prefix="ninfer-sidecar-")  # mode 0700, unpredictable name
+            socket_path = os.path.join(self._private_dir, "constraint.sock")
         self.socket_path = socket_path
         self.vocab = vocab
         self.ring_info = ring_info
@@ -142,26 +162,41 @@ class Sidecar:
         """
         with self._lock:
             self._stop_locked()
-            cmd = [sys.executable, "-m", "constraint_service", "--socket", self.socket_path,
-                   "--parent-pid", str(os.getpid()), *self.extra_args]
-            self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-            channel = grpc.insecure_channel(f"unix://{self.socket_path}",
-                                            options=[("grpc.max_send_message_length", 64 << 20)])
-            channel = instrument_channel(channel)
+            if not self.external:
+                cmd = [sys.executable, "-m", "constraint_service", "--socket", self.socket_path,
+                       "--parent-pid", str(os.getpid()), *self.extra_args]
+                self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            target = f"unix://{self.socket_path}"
+            # Start-up health polls use a plain channel: the first ones fail by design while the
+            # sidecar boots, and must not export ERROR spans (issue 14 (9)).
+            probe = grpc.insecure_channel(target)
             deadline = time.monotonic() + self.startup_timeout_s
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self._proc.poll() is not None:
-                    raise SidecarUnavailable(f"sidecar exited with code {self._proc.returncode} during start-up")
-                try:
-                    r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SidecarUnavailable("sidecar did not become healthy in time")
-                time.sleep(0.05)
+            try:
+                health = health_pb2_grpc.HealthStub(probe)
+                trusted = False
+                while True:
+                    if self._proc is not None and self._proc.poll() is not None:
+                        raise SidecarUnavailable(f"sidecar exited with code {self._proc.returncode} during start-up")
+                    if not trusted:  # nothing is sent before the peer is known to be our child
+                        trusted = self._check_peer(None if self.external else self._proc.pid)
+                        if not trusted:
+                            if time.monotonic() > deadline:
+                                raise SidecarUnavailable("sidecar did not open its socket in time")
+                            time.sleep(0.05)
+                            continue
+                    try:
+                        r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                        if r.status == health_pb2.HealthCheckResponse.SERVING:
+                            break
+                    except grpc.RpcError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise SidecarUnavailable("sidecar did not become healthy in time")
+                    time.sleep(0.05)
+            finally:
+                probe.close()
+            channel = instrument_channel(grpc.insecure_channel(target, options=[("grpc.max_send_message_length",
+                                                                                 64 << 20)]))
             stub = pb_grpc.ConstraintServiceStub(channel)
             v = self.vocab
             stub.RegisterVocabulary(pb.RegisterVocabularyRequest(
@@ -173,6 +208,7 @@ class Sidecar:
             q = self._step_q
             self._step_responses = stub.Step(iter(q.get, None))
             self.generation += 1
+            self._lost = False
             if sys.getswitchinterval() > STEP_SWITCH_INTERVAL_S:
                 sys.setswitchinterval(STEP_SWITCH_INTERVAL_S)
 
@@ -194,10 +230,33 @@ class Sidecar:
         self._stub = None
         self._step_responses = None
 
+    def _check_peer(self, expected_pid: int | None) -> bool:
+        """True once the socket is served by ``expected_pid`` (any pid if None) under our uid (``SO_PEERCRED``).
+
+        Returns False while nothing listens yet.
+
+        Raises:
+            SidecarUnavailable: another process (or user) serves the socket.
+        """
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(1.0)
+            try:
+                conn.connect(self.socket_path)
+            except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
+                return False
+            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                 struct.calcsize("3i")))
+        if (expected_pid is not None and pid != expected_pid) or uid != os.getuid():
+            raise SidecarUnavailable(f"the sidecar socket {self.socket_path} is served by pid {pid} uid {uid}, "
+                                     f"expected our child pid {expected_pid} uid {os.getuid()}; refusing to use it")
+        return True
+
     def stop(self) -> None:
-        """Stop the sidecar process (SIGTERM, then SIGKILL after 5 s)."""
+        """Stop the sidecar process (SIGTERM, then SIGKILL after 5 s) and remove its private directory."""
         with self._lock:
             self._stop_locked()
+            if self._private_dir is not None:
+                shutil.rmtree(self._private_dir, ignore_errors=True)
 
     @property
     def pid(self) -> int | None:
@@ -205,7 +264,9 @@ class Sidecar:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        """True while the sidecar process runs."""
+        """True while the sidecar process runs (external: while its connection has not failed)."""
+        if self.external:
+            return self._stub is not None and not self._lost
         return self._proc is not None and self._proc.poll() is None
 
     def ensure_started(self) -> None:
@@ -243,7 +304,13 @@ class Sidecar:
                 if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                     raise RequestError("InvalidRequest", f"request_id {request_id!r} is already in use by a "
                                        "running request") from None
+                if self.external and attempt == 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # gRPC reconnected by itself to a replaced sidecar that has no vocabulary or ring
+                    # yet ("RegisterVocabulary must come first"): register again, then retry once.
+                    self._lost = True
+                    continue
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._lost = True
                     if attempt == 0:
                         continue
                     raise RequestError("ConstraintServiceUnavailable", f"constraint sidecar unavailable: "
@@ -296,6 +363,7 @@ class Sidecar:
         try:
             r = next(self._step_responses)  # type: ignore[arg-type]
         except (grpc.RpcError, StopIteration, TypeError) as e:
+            self._lost = True
             raise SidecarUnavailable(f"Step stream broke: {e}") from None
         if r.step_seq != step_seq:
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")

@@ -261,7 +261,8 @@ class EarlyExitDrafter(Drafter):
                 vals, ids = torch.topk(logits, s, dim=-1)  # [b', S] descending
                 t = temp[idx]
                 greedy = (t <= 0).unsqueeze(-1)
-                probs = torch.softmax(vals / torch.where(t > 0, t, 1.0).unsqueeze(-1), dim=-1)
+                # (z - max z) / T: z / T overflows to inf for tiny T (NaN q); vals[:, :1] is the max.
+                probs = torch.softmax((vals - vals[:, :1]) / torch.where(t > 0, t, 1.0).unsqueeze(-1), dim=-1)
                 onehot = torch.zeros_like(probs)
                 onehot[:, 0] = 1.0
                 probs = torch.where(greedy, onehot, probs)

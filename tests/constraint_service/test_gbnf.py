@@ -11,7 +11,8 @@ from constraint_service.gbnf import parse_gbnf
 from constraint_service.types import ConstraintSpec
 
 SYNTAX = [
-    ("dangling-alt", 'root ::= "a" |', "1:15", "end of input"),
+    ("lone-bang", 'root ::= "a" !', "1:14", "Unexpected character"),
+    ("dangling-alt-then-rule", 'root ::= "a" |\nx ::= "b"', "2:1", "Expect element"),
     ("unterminated-string", 'root ::= "abc', "1:14", "string literal"),
     ("third-line-paren", 'root ::= "a"\n  x ::= "b"\nroot2 ::= ( "c"', "3:16", "Expect )"),
     ("undefined-rule-after-unicode", 'root ::= "éé" x', "1:15", 'Rule "x" is not defined'),

@@ -31,39 +31,33 @@ UNSUPPORTED = [
     ({"properties": {"a": {"if": {"type": "string"}, "then": {"minLength": 1}}}}, "/properties/a/if"),
     ({"then": {}}, "/then"),
     ({"else": {}}, "/else"),
-    ({"dependentRequired": {"a": ["b"]}}, "/dependentRequired"),
-    ({"dependentSchemas": {"a": {}}}, "/dependentSchemas"),
-    ({"type": "array", "uniqueItems": True}, "/uniqueItems"),
     ({"items": {"contains": {"type": "integer"}}}, "/items/contains"),
     ({"minContains": 1}, "/minContains"),
     ({"maxContains": 1}, "/maxContains"),
     ({"type": "number", "multipleOf": 2}, "/multipleOf"),
-    ({"patternProperties": {"^a": {}}}, "/patternProperties"),
     ({"propertyNames": {"maxLength": 3}}, "/propertyNames"),
-    ({"minProperties": 1}, "/minProperties"),
-    ({"maxProperties": 1}, "/maxProperties"),
     ({"unevaluatedProperties": False}, "/unevaluatedProperties"),
     ({"unevaluatedItems": False}, "/unevaluatedItems"),
-    ({"type": "string", "format": "date"}, "/format"),
-    ({"anyOf": [{"not": {"type": "null"}}]}, "/anyOf/0/not"),
-    ({"fooBar": 1}, "/fooBar"),
+    ({"type": "string", "format": "regex"}, "/format"),
+    ({"properties": {"a": {"format": "jsonschema"}}}, "/properties/a/format"),
+    ({"anyOf": [{"not": {"type": "integer"}}]}, "/anyOf/0/not"),
+    ({"not": {"type": "array", "minItems": 2}}, "/not"),
+    ({"multipleOf": 7}, "/multipleOf"),
+    ({"type": "number", "multipleOf": 0.01}, "/multipleOf"),
+    ({"type": "integer", "multipleOf": 3}, "/multipleOf"),
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "/uniqueItems"),
+    ({"$defs": {"a": {"$id": "http://x/y", "type": "string"}}, "$ref": "http://x/z"}, "/$ref"),
     ({"$ref": "http://example.com/schema.json"}, "/$ref"),
-    ({"$defs": {"a": {"$id": "http://x/y", "type": "string"}}, "$ref": "#/$defs/a"}, "/$defs/a/$id"),
-    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"type": "string"}},
-      "properties": {"x": {"$ref": "#/definitions/a", "maxLength": 3}}}, "/properties/x/maxLength"),
     ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, "/oneOf"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),
-    ({"dependencies": {"a": ["b"]}}, "/dependencies"),
     ({"type": "string", "pattern": "(a)\\1"}, "/pattern"),
     ({"type": "string", "pattern": "\\p{L}"}, "/pattern"),
     ({"$dynamicRef": "#a"}, "/$dynamicRef"),
     ({"$defs": {"a": {"$dynamicAnchor": "x"}}, "$ref": "#/$defs/a"}, "/$defs/a/$dynamicAnchor"),
     ({"$recursiveRef": "#"}, "/$recursiveRef"),
     ({"$recursiveAnchor": True}, "/$recursiveAnchor"),
-    ({"type": "object", "properties": {"a": {"minProperties": 1, "type": "object"}}}, "/properties/a/minProperties"),
     ({"type": "array", "items": {"unevaluatedItems": False}}, "/items/unevaluatedItems"),
     ({"$schema": "http://json-schema.org/draft-07/schema#", "contentMediaType": "application/json"}, "/contentMediaType"),
-    ({"id": "x"}, "/id"),
     ({"$ref": "other.json#/a"}, "/$ref"),
     ({"$schema": "http://example.com/custom-meta"}, "/$schema"),
     ({"oneOf": [{"type": "number", "minimum": 0}, {"type": "integer", "maximum": 0}]}, "/oneOf"),
@@ -81,7 +75,7 @@ def test_limits_are_named():
     with pytest.raises(ConstraintError) as ei:
         json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "a", "maxLength": 9000}))
     assert ei.value.kind == "UnsupportedSchema" and "string_length_bound" in ei.value.message
-    assert ei.value.location == ""
+    assert ei.value.location == "/pattern"  # issue 13: limits carry the keyword's pointer
     with pytest.raises(ConstraintError) as ei:
         json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "[ab]*a[ab]{15}", "maxLength": 200,
                                          "allOf": [{"pattern": "[ab]*b[ab]{15}"}]}))
@@ -107,7 +101,8 @@ def test_merge_and_depth_limits_are_named():
 
 UNSAT = [
     ({"type": "string", "enum": [1, 2]}, "/enum"),
-    ({"type": "integer", "minimum": 5, "maximum": 3}, ""),
+    ({"type": "integer", "minimum": 5, "maximum": 3}, "/minimum"),
+    ({"type": "string", "minLength": 5, "maxLength": 3}, "/minLength"),
     ({"properties": {"a": False}, "required": ["a"], "type": "object"}, "/required"),
     ({"type": "object", "additionalProperties": False, "required": ["zz"]}, "/required"),
     ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, ""),
@@ -238,12 +233,12 @@ def test_optional_properties_linear_and_correct():
     assert not acc('{"p6":1,"p5":2}') and not acc('{,"p1":1}') and not acc('{"p1":1,}')
 
 
-def test_unknown_keywords_opt_in_annotation_mode():
+def test_unknown_keywords_are_annotations_unless_reject_mode():
     src = json.dumps({"type": "string", "x-custom": 1, "javaName": "y"})
     with pytest.raises(ConstraintError) as ei:
-        json_schema_to_ebnf(src)
+        json_schema_to_ebnf(src, unknown_keywords="reject")
     assert ei.value.location == "/javaName"
-    assert "root" in json_schema_to_ebnf(src, unknown_keywords="annotate")
+    assert "root" in json_schema_to_ebnf(src)
 
 
 def test_canonical_generation_form_of_instances():

@@ -1,6 +1,7 @@
 """CI-fast sample of the JSON Schema benchmark: >= 500 dev schemas across all subsets plus the whole
-JSON Schema Test Suite file; 0 soundness violations and no internal errors; a fuzz sample (random walks
-through the masks of the real SmolLM2 vocabulary) with 0 failures."""
+JSON Schema Test Suite file; 0 soundness violations (the dataset's invalid instances and, issue 13, invalid
+instances derived by mutation from the valid ones, judged by `jsonschema`) and no internal errors; a fuzz
+sample (random walks through the masks of the real SmolLM2 vocabulary) with 0 failures."""
 import collections
 import json
 import os
@@ -18,6 +19,7 @@ sys.path.insert(0, ROOT)
 from bench.jsonschema_bench import Fuzzer, evaluate_record, load_records, subset_of  # noqa: E402
 from constraint_service.json_schema import json_schema_to_ebnf  # noqa: E402
 
+MUTATIONS = 20  # derived instances per valid instance
 MODEL = os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
@@ -39,14 +41,14 @@ def _stratified(recs, n, seed=0):
 def _check(rows):
     errors = [r for r in rows if r["status"] == "error"]
     assert not errors, errors[:3]
-    viol = [(r["id"], r["violations"]) for r in rows if r.get("invalid_accepted")]
+    viol = [(r["id"], r["violations"]) for r in rows if r.get("invalid_accepted") or r.get("mutants_accepted")]
     assert not viol, viol[:3]
 
 
 @pytest.fixture(scope="module")
 def dev_sample():
     recs = _stratified(load_records(DEV), 520)
-    return recs, [evaluate_record(r)[0] for r in recs]
+    return recs, [evaluate_record(r, mutations=MUTATIONS)[0] for r in recs]
 
 
 @pytest.mark.skipif(not os.path.exists(DEV), reason="shared data not present")
@@ -56,6 +58,8 @@ def test_dev_sample_sound(dev_sample):
     assert len({subset_of(r) for r in recs}) == len({subset_of(r) for r in load_records(DEV)})
     _check(rows)
     assert sum(r["status"] == "accepted" for r in rows) > 0
+    # the mutation check must have teeth: many derived instances that the oracle calls invalid
+    assert sum(r.get("mutants_invalid", 0) for r in rows) >= 1000
 
 
 @pytest.mark.skipif(not (os.path.exists(DEV) and os.path.exists(MODEL)), reason="shared data or model not present")
@@ -79,5 +83,22 @@ def test_dev_fuzz_sample(dev_sample):
 
 @pytest.mark.skipif(not os.path.exists(SUITE), reason="shared data not present")
 def test_whole_test_suite_sound():
-    rows = [evaluate_record(r)[0] for r in load_records(SUITE)]
+    rows = [evaluate_record(r, mutations=MUTATIONS)[0] for r in load_records(SUITE)]
     _check(rows)
+    assert sum(r.get("mutants_invalid", 0) for r in rows) > 0
+
+
+def test_mutation_check_catches_a_loose_grammar():
+    """The mutation check on its own: a grammar that ignores a declared property's type (the issue-13
+    failure mode) is caught through mutants the dataset's instances would not have exercised."""
+    import xgrammar as xgr
+    from bench.jsonschema_bench import mutation_soundness
+    schema = {"type": "object", "properties": {"complexity": {"type": "object", "additionalProperties": {
+        "type": "object", "properties": {"threshold": {"type": "integer"}}}}}}
+    loose = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1).compile_builtin_json_grammar()
+    res = mutation_soundness(schema, loose, [{"complexity": {"LargeClass": {}}}], 200, "t")
+    assert res["mutants_accepted"] > 0
+    exact = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1).compile_grammar(
+        json_schema_to_ebnf(json.dumps(schema)))
+    res = mutation_soundness(schema, exact, [{"complexity": {"LargeClass": {}}}], 200, "t")
+    assert res["mutants_invalid"] > 0 and res["mutants_accepted"] == 0

@@ -42,7 +42,11 @@ REJECTIONS = [
     ("\\P{Lu}", "1:1"),          # negated property class
     ("(?i)abc", "1:1"),          # inline flags
     ("a(?m:b)", "1:2"),          # scoped flags
-    ("\\uD83D\\uDE00", "1:1"),   # surrogate escape
+    ("\\uD83D", "1:1"),          # lone high surrogate escape
+    ("a\\uD83Dx", "1:2"),        # high surrogate not followed by a low one
+    ("\\u{D800}", "1:1"),        # surrogate code point escape
+    ("\\u{110000}", "1:1"),      # beyond U+10FFFF
+    ("\\u{}", "1:1"),            # empty code point escape
     ("ab\\udfff", "1:3"),        # low surrogate escape
     ("\\q", "1:1"),              # unknown escape
     ("ab\\e", "1:3"),            # unknown escape
@@ -62,6 +66,21 @@ REJECTIONS = [
     ("\\u12", "1:1"),            # bad \u
     ("abc\\", "1:4"),            # trailing backslash
     ("\\01", "1:1"),             # octal
+    # ECMAScript with the u flag (issue 13): no Annex B literal braces or identity escapes
+    ("[0-9]{,3}", "1:6"),        # incomplete quantifier (used to match the literal text "{,3}")
+    ("a{", "1:2"),               # incomplete quantifier
+    ("ab{2", "1:3"),             # incomplete quantifier
+    ("a{2,", "1:2"),             # incomplete quantifier
+    ("a{x}", "1:2"),             # not a quantifier
+    ("{", "1:1"),                # lone brace
+    ("ab}", "1:3"),              # lone closing brace
+    ("a]", "1:2"),               # lone closing bracket
+    ("[]]", "1:3"),              # empty class, then a lone ']'
+    ("x{2}{3}", "1:5"),          # quantifier after quantifier
+    ("ab\\-", "1:3"),            # identity escape of a non-syntax character
+    ("\\:", "1:1"),              # identity escape of a non-syntax character
+    ("[a\\@]", "1:3"),           # ... also inside a class
+    ("\\_", "1:1"),              # ... underscore
 ]
 
 
@@ -116,16 +135,32 @@ def test_ecmascript_classes():
 
 
 def test_escapes_and_unicode():
-    acc = language_checker(regex_to_ebnf("\\t\\n\\r\\f\\v\\0\\x41\\u00e9\\.\\*\\/\\-é😀"))
+    acc = language_checker(regex_to_ebnf("\\t\\n\\r\\f\\v\\0\\x41\\u00e9\\.\\*\\/[\\-]é😀"))
     assert acc("\t\n\r\f\v\0Aé.*/-é😀")
     assert not acc("\t\n\r\f\v\0Aé.*/-e😀")
     acc2 = language_checker(regex_to_ebnf("[\\b]\\cJ"))
     assert acc2("\b\n")
 
 
-def test_literal_braces_annex_b():
-    acc = language_checker(regex_to_ebnf("a{,2}}"))
-    assert acc("a{,2}}") and not acc("aa")
+def test_braces_are_quantifiers_or_escaped():
+    """u-mode: `{`/`}` are literal only when escaped or inside a class; `{n,m}` is a quantifier."""
+    acc = language_checker(regex_to_ebnf("a\\{,2\\}[{}]"))
+    assert acc("a{,2}}") and acc("a{,2}{") and not acc("aa")
+    acc = language_checker(regex_to_ebnf("[0-9]{0,3}"))
+    assert acc("") and acc("123") and not acc("1234") and not acc("{,3}")
+    for p in ["\\{\\}", "[{]", "a{2}", "a{2,}", "a{2,3}?"]:
+        regex_to_ebnf(p)
+
+
+def test_unicode_code_point_escapes():
+    """u-mode: \\u{...} and surrogate pairs denote one astral code point."""
+    for p in ["\\u{1F600}", "\\uD83D\\uDE00", "\\u{1f600}", "[\\uD83D\\uDE00]", "\\u{0000041}"]:
+        acc = language_checker(regex_to_ebnf(p))
+        want = "A" if p.endswith("41}") else "😀"
+        assert acc(want) and not acc("x"), p
+        assert regex_fullmatch(p, want)
+    acc = language_checker(regex_to_ebnf("[\\u{1F600}-\\u{1F64F}]+"))
+    assert acc("😀🙏") and not acc("😀a")
 
 
 def test_anchors_at_top_level_ends_are_noops_for_full_match():

@@ -140,8 +140,6 @@ def _serve_parser():
     return build_parser()
 
 
-@pytest.mark.xfail(strict=True, raises=SystemExit, reason="the engine flag --sidecar-socket (use an externally supervised sidecar) "
-                                       "lands with the IPC lock-down work of issue 14")
 def test_engine_accepts_the_deployments_arguments() -> None:
     _, engine = containers()
     assert engine["command"][:2] == ["ninfer", "serve"]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 
 import pytest
 
@@ -24,14 +25,7 @@ from .conftest import ROOT, free_port
 yaml = pytest.importorskip("yaml", reason="PyYAML is a test dependency")
 
 PENDING = {
-    "ninfer_time_to_first_token_seconds",
-    "ninfer_inter_token_latency_seconds",
-    "ninfer_queue_depth",
-    "ninfer_running_lanes",
-    "ninfer_queue_wait_seconds",
-    "ninfer_constraint_compile_seconds",
-    "ninfer_sidecar_restarts_total",
-    "ninfer_sidecar_replays_total",
+    "ninfer_sidecar_replays_total",  # supervision with replay (issue 14 (3)(4)) is not built yet
 }
 # Exported only by a server started with speculative decoding (the session stack has none).
 NEEDS_SPECULATIVE_SERVER = {"ninfer_draft_tokens_total", "ninfer_accepted_draft_tokens_total"}
@@ -99,7 +93,8 @@ def dashboard_metrics() -> set[str]:
 def test_dashboard_queries_metrics_the_engine_exports(stack, client) -> None:
     from clients.errors import RequestRejected
 
-    client.generate_text(prompt="Code:", max_tokens=8, constraint={"regex": "[A-Z]{2}-[0-9]{2}"}, seed=1)
+    fresh = uuid.uuid4().hex[:8]  # a grammar no earlier test compiled: the compile histogram gets a sample
+    client.generate_text(prompt="Pick:", max_tokens=8, constraint={"choice": [fresh, "other"]}, seed=1)
     client.generate_text(prompt="One two three", max_tokens=8)
     with pytest.raises(RequestRejected):
         client.generate_text(prompt="x", max_tokens=4, constraint={"regex": "(a"})

@@ -1,4 +1,5 @@
-"""`ninfer serve --http-port`: one command starts engine, sidecar and the HTTP gateway; Ctrl-C stops all three.
+"""`ninfer serve --http-port --api-key`: one command starts engine, sidecar and the HTTP gateway, one key guards
+both ports (the gateway forwards it to the engine); Ctrl-C stops all three.
 
 Real processes: the `ninfer` dispatcher (`python -m ninfer_cli serve`), its sidecar child, the gateway child,
 driven by the official `openai` SDK."""
@@ -16,6 +17,7 @@ import pytest
 from e2e.conftest import MODEL, ROOT, free_port, shm_segments
 
 openai = pytest.importorskip("openai")
+KEY = "serve-test-key"
 
 
 def _children(pid: int) -> list[int]:
@@ -33,13 +35,13 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_serve_with_http_port_answers_openai_and_stops_cleanly():
+def test_serve_with_http_port_and_api_key_answers_openai_and_stops_cleanly():
     if not MODEL.exists():
         pytest.skip(f"default model not fetched ({MODEL})")
     port, http_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ninfer_cli", "serve", "--port", str(port), "--device", "cpu", "--max-lanes", "2",
-         "--max-seq-len", "512", "--http-port", str(http_port), "--log-level", "WARNING"],
+         "--max-seq-len", "512", "--http-port", str(http_port), "--api-key", KEY, "--log-level", "WARNING"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines: list[str] = []
@@ -59,7 +61,18 @@ def test_serve_with_http_port_answers_openai_and_stops_cleanly():
         while not (engine_ready.is_set() and gateway_ready.is_set()):
             assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-40:])
             time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", timeout=120)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="wrong", timeout=60).models.list()
+        import grpc
+
+        from ninfer.v1 import generation_pb2 as pb
+        from ninfer.v1 import generation_pb2_grpc as pb_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:  # the engine itself wants the key too
+            with pytest.raises(grpc.RpcError) as err:
+                pb_grpc.GenerationStub(ch).CountTokens(pb.CountTokensRequest(prompt="hi"), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key=KEY, timeout=120)
         resp = client.chat.completions.create(
             model="default", messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=8,
             extra_body={"structured_outputs": {"choice": ["yes", "no"]}})

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from shared_memory import (
     last_word_mask,
     remove_segment,
 )
+from shared_memory.layout import HEADER_STRUCT_BYTES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("_ring_child.py")
@@ -269,14 +271,30 @@ def test_close_with_live_view_defers_unmap(ring_name):
     assert not _mapped(ring_name)
 
 
-def test_create_replaces_existing_segment_old_mapping_survives(ring_name):
-    old = MaskRing.create(ring_name, RingGeometry(2, 1, 1, 64))
+def test_create_refuses_a_ring_whose_creator_is_alive(ring_name):
+    """Issue 14 (1): a second server must not replace a live server's ring as "stale"."""
+    old = MaskRing.create(ring_name, RingGeometry(2, 1, 1, 64))  # creator: this (live) process
     old.bitmask(0)[...] = 9
-    with MaskRing.create(ring_name, GEOMETRY) as new:
-        assert old.bitmask(0)[0, 0, 0] == 9  # the kernel keeps the unlinked memory for its mappers
-        assert not new.bitmask(0).any()
-        assert MaskRing.attach(ring_name).geometry == GEOMETRY
+    with pytest.raises(RingError, match=f"belongs to the live process {os.getpid()}"):
+        MaskRing.create(ring_name, GEOMETRY)
+    assert MaskRing.attach(ring_name).geometry == RingGeometry(2, 1, 1, 64)  # untouched
+    assert old.bitmask(0)[0, 0, 0] == 9
     old.close()
+    old.unlink()  # the owner removes it; the name is free again
+    with MaskRing.create(ring_name, GEOMETRY) as new:
+        assert not new.bitmask(0).any()
+
+
+def test_create_refuses_a_segment_it_cannot_prove_stale(ring_name):
+    seg = posix_ipc.SharedMemory("/" + ring_name, posix_ipc.O_CREX, mode=0o600, size=8192)
+    os.pwrite(seg.fd, b"not a ring header", 0)
+    seg.close_fd()
+    try:
+        with pytest.raises(RingError, match="not a readable NInfer ring"):
+            MaskRing.create(ring_name, GEOMETRY)
+        assert (SHM_DIR / ring_name).exists()
+    finally:
+        posix_ipc.unlink_shared_memory("/" + ring_name)
 
 
 # ---------------------------------------------------------------- attach validation
@@ -368,3 +386,21 @@ def test_invalid_names(bad):
         MaskRing.create(bad, GEOMETRY)
     with pytest.raises(RingError, match="ring name"):
         remove_segment(bad)
+
+
+def test_create_removes_a_ring_whose_creator_pid_was_reused(ring_name):
+    """A restarted container's engine often gets the dead engine's pid (pid 1): a process that
+    started after the segment was made cannot be its creator, so the ring is stale and replaced."""
+    import subprocess as sp
+
+    old = MaskRing.create(ring_name, GEOMETRY)  # ctime = now; writes through the mapping keep it
+    time.sleep(0.3)
+    child = sp.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live pid, started later
+    try:
+        old._mmap[:HEADER_STRUCT_BYTES] = RingHeader.for_geometry(GEOMETRY, creator_pid=child.pid).pack()
+        with MaskRing.create(ring_name, GEOMETRY) as new:  # not refused: the child is not the creator
+            assert RingHeader.unpack(new._mmap[:HEADER_STRUCT_BYTES]).creator_pid == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+        old.close()
