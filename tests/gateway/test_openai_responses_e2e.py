@@ -87,8 +87,8 @@ def test_input_tokens_count(openai_client):
 
 @pytest.mark.parametrize("kw,field", [
     (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "object", "minProperties": 1}}}}}),
-     "text.format.schema.properties.a.minProperties"),
+        "type": "object", "properties": {"a": {"type": "array", "contains": {"type": "string"}}}}}}),
+     "text.format.schema.properties.a.contains"),
     (dict(tools=[{"type": "web_search"}]), "tools[0].type"),
     (dict(input=[{"type": "function_call_output", "call_id": "c"}]), "input[0].output"),
     (dict(reasoning={"effort": "low"}), "reasoning"),

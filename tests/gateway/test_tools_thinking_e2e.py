@@ -26,8 +26,8 @@ LOOKUP_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "ma
 SEARCH_PARAMS = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 12}},
                  "required": ["q"], "additionalProperties": False}
 PARAMS = {"lookup": LOOKUP_PARAMS, "search": SEARCH_PARAMS}
-BAD_PARAMS = {"type": "object", "properties": {"days": {"type": "integer", "multipleOf": 2}},
-              "additionalProperties": False}  # multipleOf: not enforceable -> UnsupportedSchema
+BAD_PARAMS = {"type": "object", "properties": {"days": {"type": "integer", "multipleOf": 0.5}},
+              "additionalProperties": False}  # a non-integer multipleOf: UnsupportedSchema
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} tool", "parameters": p,
                                                 "strict": True}} for n, p in PARAMS.items()]
