@@ -185,11 +185,14 @@ def structured_outputs(body: Mapping[str, Any], other_source: str | None) -> tup
 
 
 def build_request(messages: list[dict], *, max_tokens: int | None, sampling: dict[str, Any],
-                  constraint: dict | None) -> pb.GenerateRequest:
+                  constraint: dict | None, policy=None, thinking=None) -> pb.GenerateRequest:
     """Builds the engine ``GenerateRequest`` for a chat conversation.
 
     Args:
-        messages: ``[{"role": "system"|"user"|"assistant", "content": str}]``.
+        messages: ``[{"role": "system"|"user"|"assistant"|"tool", "content": str, "tool_calls"?,
+            "tool_call_id"?, "name"?, "reasoning"?}]`` (:func:`clients.client.build_chat`).
+        policy: a :class:`gateway.tools.ToolPolicy` or None.
+        thinking: a :class:`gateway.tools.Thinking` or None.
         max_tokens: generated-token limit (None = engine default).
         sampling: ``temperature``, ``top_p``, ``top_k``, ``seed``, ``presence_penalty``,
             ``frequency_penalty`` (None entries are left unset).
@@ -212,11 +215,28 @@ def build_request(messages: list[dict], *, max_tokens: int | None, sampling: dic
     oc = build_constraint(constraint)
     if oc is not None:
         req.constraint.CopyFrom(oc)
+    from .tools import apply_tools
+
+    apply_tools(req, policy)
+    if thinking is not None:
+        thinking.apply(req)
     return req
 
 
+def with_tools(origin: ConstraintOrigin | None, policy) -> ConstraintOrigin | None:
+    """The error-mapping origin of a request with a body constraint ``origin`` and tools ``policy``."""
+    if policy is None or not policy.tools:
+        return origin
+    if origin is None:
+        return ConstraintOrigin(None, None, policy.tools)
+    return ConstraintOrigin(origin.field, origin.document, policy.tools)
+
+
 def chat_count_request(messages: list[dict]) -> pb.CountTokensRequest:
-    """``CountTokensRequest`` for a chat (rendered with the chat template and a generation prompt)."""
+    """``CountTokensRequest`` for a chat (rendered with the chat template and a generation prompt).
+
+    The public ``CountTokensRequest`` carries no tools / thinking options, so tool declarations
+    are not counted (the messages, tool calls and results in the history are)."""
     req = pb.CountTokensRequest()
     req.chat.CopyFrom(build_chat(messages))
     return req

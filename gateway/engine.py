@@ -6,18 +6,19 @@ never imports ``gpu_engine`` or ``constraint_service`` (an import contract in CI
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.client import GenerationResult, result_from_finish
+from clients.client import CHANNELS, GenerationResult, result_from_finish, tool_call_dict
 from clients.errors import error_detail_from_rpc_error
 from ninfer.v1 import generation_pb2 as pb
 from ninfer.v1 import generation_pb2_grpc as pb_grpc
 
-from .errors import ApiError, engine_rejection
+from .errors import GRPC_TO_HTTP, ApiError, engine_rejection, field_path
 
 #: Largest gRPC message the gateway sends or accepts (matches the engine's 8 MiB receive limit).
 MAX_MESSAGE_BYTES = 8 << 20
@@ -25,15 +26,62 @@ MAX_MESSAGE_BYTES = 8 << 20
 
 @dataclass
 class ConstraintOrigin:
-    """Where a request's body constraint came from, to map engine error locations back.
+    """Where a request's body constraint and tool schemas came from, to map engine error
+    locations back to request field paths.
 
     Attributes:
-        field: request field path of the constraint source (``"text.format.schema"``).
+        field: request field path of the constraint source (``"text.format.schema"``), or None
+            when the request has no body constraint.
         document: the parsed schema (for array-index rendering) or None.
+        tools: the request's tools in order (:class:`gateway.tools.ToolSpec`: ``schema_path`` and
+            ``parameters``); engine locations ``/tools/i/function/parameters/...`` map onto them.
     """
 
-    field: str
+    field: str | None
     document: Any = None
+    tools: list = field(default_factory=list)
+
+
+@dataclass
+class Delta:
+    """One streamed piece of output.
+
+    Attributes:
+        channel: ``"content"``, ``"reasoning"`` or ``"tool_call"``.
+        text: the text of a content/reasoning delta ("" for tool calls).
+        tool_call_index: index of the call within the turn (``tool_call`` only).
+        tool_call: ``{"id", "name", "arguments_json"}`` — a complete, decoded call (``tool_call`` only;
+            the raw wire text of a call is never surfaced).
+    """
+
+    channel: str
+    text: str = ""
+    tool_call_index: int = 0
+    tool_call: dict | None = None
+
+
+_TOOL_LOCATION = re.compile(r"^/tools/(\d+)(/.*)?$")
+
+
+def tool_location(origin: ConstraintOrigin | None, location: str) -> str | None:
+    """Maps an engine location inside a tool (``/tools/1/function/parameters/properties/days``) to the
+    protocol's field path (``tools[1].function.parameters.properties.days`` for Chat,
+    ``tools[1].parameters...`` for Responses, ``tools[1].input_schema...`` for Messages).
+
+    Returns:
+        The path, or None when ``location`` is not inside a declared tool.
+    """
+    m = _TOOL_LOCATION.match(location or "")
+    if origin is None or m is None or int(m.group(1)) >= len(origin.tools):
+        return None
+    spec = origin.tools[int(m.group(1))]
+    rest = m.group(2) or ""
+    for prefix in ("/function/parameters", "/parameters", "/input_schema"):
+        if rest == prefix or rest.startswith(prefix + "/"):
+            return field_path(spec.schema_path, rest[len(prefix):], spec.parameters)
+    base = spec.schema_path.rsplit(".", 1)[0]  # tools[i] or tools[i].function
+    tail = rest[len("/function"):] if rest.startswith("/function") and base.endswith(".function") else rest
+    return field_path(base, tail)
 
 
 def rejection_from_rpc_error(err: grpc.RpcError, origin: ConstraintOrigin | None) -> ApiError:
@@ -49,6 +97,10 @@ def rejection_from_rpc_error(err: grpc.RpcError, origin: ConstraintOrigin | None
         kind, message, location = "", (err.details() if hasattr(err, "details") else str(err)) or str(code), ""
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             kind, message = "EngineUnavailable", f"the engine is not reachable ({code.name}): {message}"
+    tool_path = tool_location(origin, location)
+    if tool_path is not None:  # a tool's schema / name: the tool's own field path
+        return ApiError(GRPC_TO_HTTP.get(code, 500), f"{kind or 'InvalidRequest'} at {tool_path}: {message}",
+                        tool_path, kind or None)
     return engine_rejection(code, kind, message, location, origin.field if origin else None,
                             origin.document if origin else None)
 
@@ -56,8 +108,9 @@ def rejection_from_rpc_error(err: grpc.RpcError, origin: ConstraintOrigin | None
 class GenerationCall:
     """One in-flight ``Generate`` RPC, already past the engine's admission checks.
 
-    Iterate :meth:`deltas` for text deltas; afterwards :attr:`result` holds the
-    :class:`clients.client.GenerationResult` (finish reason, usage, constraint, error).
+    Iterate :meth:`deltas` for :class:`Delta` pieces (content, reasoning, complete tool calls);
+    afterwards :attr:`result` holds the :class:`clients.client.GenerationResult` (content text,
+    reasoning, tool calls, finish reason, usage, constraint, error).
     """
 
     def __init__(self, call: Any, first: pb.GenerateResponse, request_id: str) -> None:
@@ -65,18 +118,36 @@ class GenerationCall:
         self._first: pb.GenerateResponse | None = first
         self.request_id = request_id
         self._parts: list[str] = []
-        self._num_tokens = 0
+        self._reasoning: list[str] = []
+        self._calls: list[dict] = []
         self.result: GenerationResult | None = None
 
-    def _take(self, resp: pb.GenerateResponse) -> str:
-        self._parts.append(resp.text)
-        self._num_tokens += len(resp.token_ids)
+    def _take(self, resp: pb.GenerateResponse) -> Delta | None:
+        channel = CHANNELS.get(resp.channel, "content")
+        delta = None
+        if channel == "content" and resp.text:
+            self._parts.append(resp.text)
+            delta = Delta("content", resp.text)
+        elif channel == "reasoning" and resp.text:
+            self._reasoning.append(resp.text)
+            delta = Delta("reasoning", resp.text)
+        elif channel == "tool_call" and resp.HasField("tool_call"):
+            call = tool_call_dict(resp.tool_call)
+            self._calls.append(call)
+            delta = Delta("tool_call", "", resp.tool_call_index, call)
         if resp.HasField("finish"):
             self.result = result_from_finish(resp.finish, "".join(self._parts), [], self.request_id)
-        return resp.text
+        return delta
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """Yields each non-empty text delta; sets :attr:`result` at the end.
+    def _partial(self, code: str, kind: str, message: str) -> GenerationResult:
+        return GenerationResult(text="".join(self._parts), finish_reason="error",
+                                reasoning="".join(self._reasoning) if self._reasoning else None,
+                                tool_calls=list(self._calls),
+                                error={"code": code, "kind": kind, "message": message, "location": ""})
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Yields each :class:`Delta` (non-empty content/reasoning text, complete tool calls);
+        sets :attr:`result` at the end.
 
         A stream that breaks after admission (engine restart) ends with an
         ``"error"`` result instead of raising.
@@ -84,28 +155,26 @@ class GenerationCall:
         try:
             if self._first is not None:
                 first, self._first = self._first, None
-                text = self._take(first)
-                if text:
-                    yield text
+                delta = self._take(first)
+                if delta is not None:
+                    yield delta
             while self.result is None:
                 resp = await self._call.read()
                 if resp is grpc.aio.EOF:
                     break
-                text = self._take(resp)
-                if text:
-                    yield text
+                delta = self._take(resp)
+                if delta is not None:
+                    yield delta
         except grpc.RpcError as err:
             detail = error_detail_from_rpc_error(err)
-            self.result = GenerationResult(text="".join(self._parts), finish_reason="error", error={
-                "code": err.code().name, "kind": detail.kind if detail else "EngineStreamBroken",
-                "message": detail.message if detail else (err.details() or ""), "location": ""})
+            self.result = self._partial(err.code().name, detail.kind if detail else "EngineStreamBroken",
+                                        detail.message if detail else (err.details() or ""))
         finally:
             if self.result is None:
                 self.cancel()
         if self.result is None:
-            self.result = GenerationResult(text="".join(self._parts), finish_reason="error", error={
-                "code": "INTERNAL", "kind": "IncompleteStream",
-                "message": "the engine stream ended without a finish message", "location": ""})
+            self.result = self._partial("INTERNAL", "IncompleteStream",
+                                        "the engine stream ended without a finish message")
 
     async def collect(self) -> GenerationResult:
         """Consumes the stream and returns the result."""

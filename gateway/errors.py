@@ -46,9 +46,6 @@ GRPC_TO_HTTP = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 
-TOOLS_NOT_SUPPORTED = "requires tools support in the engine API"
-THINKING_NOT_SUPPORTED = "requires thinking support in the engine API"
-
 
 class ApiError(Exception):
     """A request error, rendered in the protocol's error shape by the app.

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat import (ChatCompletion, ChatCompletionChunk, ChatCompletionMessage,
+                               ChatCompletionMessageToolCall)
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
+from openai.types.chat.chat_completion_message_tool_call import Function
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
@@ -21,14 +24,14 @@ from ninfer.v1 import generation_pb2 as pb
 from . import common as c
 from . import tools
 from .engine import ConstraintOrigin, EngineClient
-from .errors import ApiError, invalid, not_supported, shown
+from .errors import invalid, not_supported, shown
 
 ALLOWED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
            "presence_penalty", "frequency_penalty", "stream", "stream_options", "response_format",
            "structured_outputs", "n", "user", "tools", "tool_choice", "parallel_tool_calls",
-           "reasoning_effort", "thinking_budget"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-FINISH = {"stop": "stop", "length": "length"}
+           "reasoning_effort", "thinking", "chat_template_kwargs"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 
 
 @dataclass
@@ -41,26 +44,64 @@ class ChatRequest:
     include_usage: bool
 
 
+def _history_calls(m: dict, p: str, names: dict[str, str]) -> list[dict]:
+    calls = c.get_list(m, "tool_calls", f"{p}.tool_calls") or []
+    out = []
+    for j, call in enumerate(calls):
+        q = f"{p}.tool_calls[{j}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise invalid(q, "expected {\"type\": \"function\", \"id\", \"function\": {\"name\", \"arguments\"}}")
+        c.reject_unknown(call, {"id", "type", "function"}, f"{q}.")
+        fn = c.get_dict(call, "function", f"{q}.function")
+        if fn is None:
+            raise invalid(f"{q}.function", "is required")
+        c.reject_unknown(fn, {"name", "arguments"}, f"{q}.function.")
+        name = c.get_str(fn, "name", f"{q}.function.name", required=True)
+        cid = c.get_str(call, "id", f"{q}.id") or ""
+        args = tools.arguments_text(fn.get("arguments", "{}"), f"{q}.function.arguments")
+        names[cid] = name
+        out.append({"id": cid, "name": name, "arguments_json": args})
+    return out
+
+
 def _messages(body: dict) -> list[dict]:
+    """Chat messages -> :func:`clients.client.build_chat` dicts: assistant ``tool_calls`` (and
+    ``reasoning_content``, the vLLM/SGLang field) and ``tool`` messages (``tool_call_id``; the
+    tool's name is taken from the call it answers)."""
     msgs = c.get_list(body, "messages", "messages", required=True)
     out = []
+    names: dict[str, str] = {}
     for i, m in enumerate(msgs):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
             raise invalid(p, "expected a message object")
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            tools.reject_tool_history(p)
         if not isinstance(role, str) or role not in ROLES:
             raise invalid(f"{p}.role", f"expected system, developer, user, assistant or tool, got {shown(role)}")
-        c.reject_unknown(m, {"role", "content", "refusal"}, f"{p}.")
+        allowed = {"role", "content", "refusal"}
+        if role == "assistant":
+            allowed |= {"tool_calls", "reasoning_content"}
+        if role == "tool":
+            allowed = {"role", "content", "tool_call_id"}
+        c.reject_unknown(m, allowed, f"{p}.")
         if m.get("refusal") is not None:
             raise not_supported(f"{p}.refusal")
+        msg: dict = {"role": ROLES[role]}
         content = m.get("content")
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _history_calls(m, p, names)
+            content = "" if content is None else content
+        if role == "assistant" and m.get("reasoning_content") is not None:
+            msg["reasoning"] = c.get_str(m, "reasoning_content", f"{p}.reasoning_content")
+        if role == "tool":
+            cid = c.get_str(m, "tool_call_id", f"{p}.tool_call_id", required=True)
+            msg["tool_call_id"] = cid
+            if cid in names:
+                msg["name"] = names[cid]
         if content is None:
             raise invalid(f"{p}.content", "is required")
-        text = c.text_of_parts(content, f"{p}.content", ("text",))
-        out.append({"role": ROLES[role], "content": text})
+        msg["content"] = c.text_of_parts(content, f"{p}.content", ("text",))
+        out.append(msg)
     return out
 
 
@@ -95,17 +136,17 @@ def parse(body: dict, served_model: str) -> ChatRequest:
 
     Raises:
         ApiError: 400 naming the field for anything malformed or not carried by the engine API
-            (tools/thinking: "requires tools support in the engine API"); 404 for another model.
+            (tool schemas the engine rejects come back located at ``tools[i].function.parameters…``);
+            404 for another model.
     """
     c.reject_unknown(body, ALLOWED)
     c.check_model(body, served_model)
     policy = tools.openai_chat_tools(body)
-    if policy is not None:
-        tools.require_engine_tools(policy)
     if body.get("reasoning_effort") is not None:
-        tools.require_engine_thinking("reasoning_effort")
-    if body.get("thinking_budget") is not None:
-        tools.require_engine_thinking("thinking_budget")
+        raise not_supported("reasoning_effort", "is not supported: use the NInfer extension "
+                                                "thinking: {type: enabled, budget_tokens: N} or "
+                                                "chat_template_kwargs.enable_thinking")
+    thinking = tools.openai_thinking(body)
     messages = _messages(body)
     if c.get_int(body, "n", "n", 1, 128) not in (None, 1):
         raise not_supported("n", "n > 1 is not supported yet by the NInfer engine API")
@@ -131,8 +172,8 @@ def parse(body: dict, served_model: str) -> ChatRequest:
         include_usage = c.get_bool(so, "include_usage", "stream_options.include_usage")
     constraint, origin = _constraint(body)
     req = c.build_request(messages, max_tokens=mct if mct is not None else mt, sampling=sampling,
-                          constraint=constraint)
-    return ChatRequest(req, origin, stream, include_usage)
+                          constraint=constraint, policy=policy, thinking=thinking)
+    return ChatRequest(req, c.with_tools(origin, policy), stream, include_usage)
 
 
 def _usage(result) -> CompletionUsage:
@@ -146,14 +187,24 @@ async def complete(engine: EngineClient, cr: ChatRequest, model: str) -> dict:
     result = await call.collect()
     if result.finish_reason not in FINISH:
         raise c.runtime_error(result)
+    calls = [_tool_call(call) for call in result.tool_calls]
+    message = ChatCompletionMessage(role="assistant", content=result.text if result.text or not calls else None,
+                                    **({"tool_calls": calls} if calls else {}))
     resp = ChatCompletion(
         id=c.new_id("chatcmpl-"), object="chat.completion", created=c.now_s(), model=model,
-        choices=[Choice(index=0, finish_reason=FINISH[result.finish_reason],
-                        message=ChatCompletionMessage(role="assistant", content=result.text))],
+        choices=[Choice(index=0, finish_reason=FINISH[result.finish_reason], message=message)],
         usage=_usage(result))
     out = resp.model_dump(mode="json", exclude_unset=True)
+    out["choices"][0]["message"]["content"] = message.content
+    if result.reasoning is not None:
+        out["choices"][0]["message"]["reasoning_content"] = result.reasoning
     out[c.EXTENSION_KEY] = c.extension(result)
     return out
+
+
+def _tool_call(call: dict) -> ChatCompletionMessageToolCall:
+    return ChatCompletionMessageToolCall(id=tools.call_id(), type="function",
+                                         function=Function(name=call["name"], arguments=call["arguments_json"]))
 
 
 def _chunk(cid: str, created: int, model: str, delta: ChoiceDelta | None, finish: str | None,
@@ -171,7 +222,8 @@ def _chunk(cid: str, created: int, model: str, delta: ChoiceDelta | None, finish
 
 async def stream(engine: EngineClient, cr: ChatRequest, model: str) -> AsyncIterator[dict]:
     """Starts the generation (raising :class:`ApiError` before any byte is sent) and returns
-    the SSE event iterator: role chunk, content chunks, finish chunk (+ NInfer extension),
+    the SSE event iterator: role chunk, content / ``reasoning_content`` / ``tool_calls`` delta
+    chunks (each tool call whole, once the engine has decoded it), finish chunk (+ NInfer extension),
     the usage chunk when ``stream_options.include_usage``, then ``[DONE]``. A runtime error
     after the stream started is sent as an OpenAI ``{"error": ...}`` event."""
     call = await engine.start(cr.request, cr.origin)
@@ -181,9 +233,18 @@ async def stream(engine: EngineClient, cr: ChatRequest, model: str) -> AsyncIter
         try:
             yield {"data": json.dumps(_chunk(cid, created, model, ChoiceDelta(role="assistant", content=""), None,
                                              cr.include_usage))}
-            async for text in call.deltas():
-                yield {"data": json.dumps(_chunk(cid, created, model, ChoiceDelta(content=text), None,
-                                                 cr.include_usage))}
+            async for d in call.deltas():
+                if d.channel == "content":
+                    data = _chunk(cid, created, model, ChoiceDelta(content=d.text), None, cr.include_usage)
+                elif d.channel == "reasoning":  # vLLM / SGLang: delta.reasoning_content
+                    data = _chunk(cid, created, model, ChoiceDelta(), None, cr.include_usage)
+                    data["choices"][0]["delta"]["reasoning_content"] = d.text
+                else:  # a complete call: id, name and the whole arguments text in one delta
+                    tc = ChoiceDeltaToolCall(index=d.tool_call_index, id=tools.call_id(), type="function",
+                                             function=ChoiceDeltaToolCallFunction(
+                                                 name=d.tool_call["name"], arguments=d.tool_call["arguments_json"]))
+                    data = _chunk(cid, created, model, ChoiceDelta(tool_calls=[tc]), None, cr.include_usage)
+                yield {"data": json.dumps(data)}
             result = call.result
             if result.finish_reason not in FINISH:
                 yield {"data": json.dumps(c.runtime_error(result).openai_body())}

@@ -1,4 +1,5 @@
-"""Tool calling and thinking: the protocol-side mapping, switched off until the engine API carries it.
+"""Tool calling and thinking: the protocol-side mapping onto the public ``ninfer.v1`` fields
+(``GenerateRequest.tools`` / ``tool_choice`` / ``thinking``).
 
 Seed 000 §tools: a tool call policy has three independent parts — the envelope
 (names), the per-tool ``strict`` parameter schema, and the choice/count
@@ -18,18 +19,28 @@ Anthropic          ``tool_choice`` auto/any/    any -> required; tool -> require
                    ``disable_parallel_tool_use``
 =================  ==========================  =============================================
 
-Everything here validates the fields (so a malformed tool is still a 400 with its
-field path) and builds the neutral :class:`ToolPolicy`; :func:`require_engine_tools`
-then rejects with 400 "requires tools support in the engine API" because the public
-``ninfer.v1`` proto has no tools/tool_choice/thinking fields yet (issue 10 adds them).
-When it does, :func:`require_engine_tools` becomes the place that fills the request.
+Everything here validates the fields (a malformed tool is a 400 with its field path)
+and builds the neutral :class:`ToolPolicy`, which :func:`apply_tools` copies into the
+engine request. Schema errors the engine finds come back located at
+``/tools/i/function/parameters/...`` and are mapped to the protocol's own path by
+:func:`gateway.engine.tool_location`.
+
+Thinking: Chat / Responses take the NInfer extension ``thinking: {type, budget_tokens}``
+(Anthropic's shape) and vLLM's ``chat_template_kwargs.enable_thinking``; Messages takes
+its own ``thinking``. Output: Chat ``message.reasoning_content`` (vLLM/SGLang), Responses
+``reasoning`` items, Messages ``thinking`` blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import THINKING_NOT_SUPPORTED, TOOLS_NOT_SUPPORTED, ApiError, invalid
+import json
+import uuid
+
+from ninfer.v1 import generation_pb2 as pb
+
+from .errors import invalid
 
 
 @dataclass
@@ -173,27 +184,129 @@ def anthropic_tools(body: dict) -> ToolPolicy | None:
     return policy
 
 
-def require_engine_tools(policy: ToolPolicy, field_name: str = "tools") -> None:
-    """The switch point: fills the engine request once the public API carries tools.
+def apply_tools(req: pb.GenerateRequest, policy: ToolPolicy | None) -> None:
+    """Fills ``GenerateRequest.tools`` / ``tool_choice`` from the policy (1:1 with the proto).
+
+    Args:
+        req: the engine request (modified in place).
+        policy: the parsed policy, or None (no tool fields).
+    Raises:
+        ApiError: 400 ``tool_choice`` when a call is required but no tool is declared.
+    """
+    if policy is None:
+        return
+    if not policy.tools and policy.choice == "required":
+        raise invalid("tool_choice", "requires at least one declared tool")
+    for t in policy.tools:
+        params = "" if t.parameters is None else json.dumps(t.parameters, ensure_ascii=False)
+        req.tools.append(pb.Tool(name=t.name, description=t.description, parameters_json=params, strict=t.strict))
+    tc = req.tool_choice
+    tc.mode = _MODES[policy.choice]
+    tc.allowed_names.extend(policy.allowed_names)
+    tc.parallel = policy.parallel
+
+
+_MODES = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "none": pb.TOOL_CHOICE_MODE_NONE,
+          "required": pb.TOOL_CHOICE_MODE_REQUIRED}
+
+
+@dataclass
+class Thinking:
+    """Reasoning options, 1:1 with ``ThinkingOptions``: ``enabled`` (None = the model's default,
+    Qwen3: on) and ``budget_tokens`` (0 = no budget)."""
+
+    enabled: bool | None = None
+    budget_tokens: int = 0
+
+    def apply(self, req: pb.GenerateRequest) -> None:
+        """Sets ``req.thinking`` when anything is asked for."""
+        if self.enabled is not None:
+            req.thinking.enabled = self.enabled
+        if self.budget_tokens:
+            req.thinking.budget_tokens = self.budget_tokens
+
+
+def thinking_object(value: Any, path: str, budget_required: bool = False) -> Thinking:
+    """Parses ``{"type": "enabled", "budget_tokens": N}`` / ``{"type": "disabled"}`` (Anthropic's
+    ``thinking``; the same object is the NInfer extension ``thinking`` on Chat Completions and
+    Responses).
+
+    Args:
+        value: the field value.
+        path: its request field path (for errors).
+        budget_required: Anthropic requires ``budget_tokens`` with ``enabled``.
+    Raises:
+        ApiError: 400 naming ``path.type`` / ``path.budget_tokens`` for malformed values.
+    """
+    if not isinstance(value, dict):
+        raise invalid(path, f"expected an object, got {type(value).__name__}")
+    ttype = value.get("type")
+    if ttype == "disabled":
+        extra = [k for k, v in value.items() if k != "type" and v is not None]
+        if extra:
+            raise invalid(f"{path}.{extra[0]}", "is not allowed with type disabled")
+        return Thinking(enabled=False)
+    if ttype != "enabled":
+        raise invalid(f"{path}.type", f"expected enabled or disabled, got {ttype!r}")
+    extra = [k for k, v in value.items() if k not in ("type", "budget_tokens") and v is not None]
+    if extra:
+        raise invalid(f"{path}.{extra[0]}", "unknown key; expected type, budget_tokens")
+    budget = value.get("budget_tokens")
+    if budget is None:
+        if budget_required:
+            raise invalid(f"{path}.budget_tokens", "is required")
+        return Thinking(enabled=True)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise invalid(f"{path}.budget_tokens", f"expected a positive integer, got {budget!r}")
+    return Thinking(enabled=True, budget_tokens=budget)
+
+
+def openai_thinking(body: dict) -> Thinking:
+    """Thinking options of a Chat Completions / Responses body.
+
+    * ``thinking: {"type": "enabled", "budget_tokens": N} | {"type": "disabled"}`` — the NInfer
+      extension (Anthropic's shape; the budget forces the canonical reasoning close after N tokens);
+    * ``chat_template_kwargs: {"enable_thinking": bool}`` — vLLM's / SGLang's convention for Qwen3
+      (only that key: the gateway adds nothing hidden to the template).
 
     Raises:
-        ApiError: always for now — 400 ``"<field>: requires tools support in the engine API"``.
+        ApiError: 400 for malformed values or when both are given and disagree.
     """
-    raise ApiError(400, f"{field_name}: {TOOLS_NOT_SUPPORTED}", field_name, "NotSupported")
+    out = Thinking()
+    if body.get("thinking") is not None:
+        out = thinking_object(body["thinking"], "thinking")
+    ctk = body.get("chat_template_kwargs")
+    if ctk is not None:
+        if not isinstance(ctk, dict):
+            raise invalid("chat_template_kwargs", "expected an object")
+        extra = [k for k, v in ctk.items() if k != "enable_thinking" and v is not None]
+        if extra:
+            raise invalid(f"chat_template_kwargs.{extra[0]}", "is not supported (only enable_thinking)",
+                          "NotSupported")
+        flag = ctk.get("enable_thinking")
+        if flag is not None:
+            if not isinstance(flag, bool):
+                raise invalid("chat_template_kwargs.enable_thinking", f"expected a boolean, got {flag!r}")
+            if out.enabled is not None and out.enabled != flag:
+                raise invalid("chat_template_kwargs.enable_thinking", "contradicts thinking.type")
+            out.enabled = flag
+    return out
 
 
-def reject_tool_history(path: str) -> None:
-    """Tool calls / tool results in the conversation history need the engine's tool-aware
-    chat template (issue 10); 400 until then."""
-    raise ApiError(400, f"{path}: {TOOLS_NOT_SUPPORTED} (tool calls and results in the history)", path,
-                   "NotSupported")
+def call_id(prefix: str = "call_") -> str:
+    """A response-unique tool call id (the engine's ``call_0`` ids are unique only within a turn;
+    ids come back in later turns' histories, so the gateway makes them globally unique)."""
+    return prefix + uuid.uuid4().hex[:24]
 
 
-def require_engine_thinking(path: str) -> None:
-    """Thinking/reasoning requests (``thinking``, ``reasoning``, ``reasoning_effort``, the
-    NInfer ``thinking_budget`` extension); 400 until the public API carries them.
-
-    Response mapping when switched on: Chat -> ``message.reasoning_content`` (vLLM/SGLang
-    convention), Responses -> a ``reasoning`` output item, Messages -> ``thinking`` blocks.
-    """
-    raise ApiError(400, f"{path}: {THINKING_NOT_SUPPORTED}", path, "NotSupported")
+def arguments_text(value: Any, path: str) -> str:
+    """A history tool call's arguments: JSON object text (OpenAI) or an object (Anthropic ``input``);
+    returns compact JSON text. Raises ApiError 400 naming ``path`` when it is not a JSON object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise invalid(path, f"is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise invalid(path, "expected a JSON object")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -68,14 +68,15 @@ def test_count_tokens(anthropic_client):
     (dict(output_config={"format": {"type": "json_schema", "schema": {
         "type": "object", "properties": {"a": {"type": "array", "contains": {"type": "string"}}}}}}),
      "output_config.format.schema.properties.a.contains"),
-    (dict(tools=[{"name": "f", "input_schema": {"type": "object"}}]), "tools"),
+    (dict(tools=[{"name": "f", "input_schema": {"type": "object"}, "type": "web_search_20250305"}]),
+     "tools[0].type"),
     (dict(tools=[{"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "tool", "name": "g"}),
      "tool_choice.name"),
-    (dict(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
+    (dict(thinking={"type": "enabled", "budget_tokens": 2}), "thinking"),
     (dict(stop_sequences=["\n"]), "stop_sequences"),
     (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]),
      "messages[0].content[0].type"),
-], ids=["schema-pointer", "tools", "tool-choice-name", "thinking", "stop", "image"])
+], ids=["schema-pointer", "server-tool", "tool-choice-name", "thinking-on-smollm2", "stop", "image"])
 def test_bad_requests(anthropic_client, kw, field):
     kw.setdefault("messages", MSGS)
     with pytest.raises(anthropic.BadRequestError) as exc:

@@ -137,17 +137,6 @@ def test_extension_with_response_format_is_rejected(openai_client):
 
 
 @pytest.mark.parametrize("kw,field", [
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
-    (dict(messages=[*USER, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                    {"role": "tool", "tool_call_id": "c1", "content": "42"}]), "messages[1]"),
-], ids=["tools", "tool-history"])
-def test_tools_need_engine_support(openai_client, kw, field):
-    msg = _bad(openai_client, **kw)
-    assert msg.startswith(field) and "requires tools support in the engine API" in msg
-
-
-@pytest.mark.parametrize("kw,field", [
     (dict(temperature=5), "temperature"),
     (dict(logprobs=True), "logprobs"),
     (dict(stop=["\n"]), "stop"),

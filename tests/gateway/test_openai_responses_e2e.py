@@ -88,14 +88,14 @@ def test_input_tokens_count(openai_client):
 
 @pytest.mark.parametrize("kw,field", [
     (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "object", "minProperties": 1}}}}}),
-     "text.format.schema.properties.a.minProperties"),
-    (dict(tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}]), "tools"),
-    (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "1"}]), "input[0]"),
+        "type": "object", "properties": {"a": {"type": "array", "contains": {"type": "string"}}}}}}),
+     "text.format.schema.properties.a.contains"),
+    (dict(tools=[{"type": "web_search"}]), "tools[0].type"),
+    (dict(input=[{"type": "function_call_output", "call_id": "c"}]), "input[0].output"),
     (dict(reasoning={"effort": "low"}), "reasoning"),
     (dict(text={"format": {"type": "json_object"}}, extra_body={"structured_outputs": {"regex": "a"}}),
      "structured_outputs"),
-], ids=["schema-pointer", "tools", "tool-output", "reasoning", "two-sources"])
+], ids=["schema-pointer", "server-tool", "tool-output", "reasoning", "two-sources"])
 def test_bad_requests(openai_client, kw, field):
     kw.setdefault("input", "hi")
     with pytest.raises(openai.BadRequestError) as exc:

@@ -72,8 +72,18 @@ def test_chat_defaults_leave_fields_unset():
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
-    ({"tool_choice": "required"}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"thinking_budget": 64}, "thinking_budget"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "on"}}, "thinking.type"),
+    ({"chat_template_kwargs": {"enable_thinking": True}, "thinking": {"type": "disabled"}},
+     "chat_template_kwargs.enable_thinking"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs.add_generation_prompt"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
 ])
 def test_chat_rejections_name_the_field(body, param):
     with pytest.raises(ApiError) as exc:
@@ -127,9 +137,75 @@ def test_tool_policies_map_to_the_common_contract():
     with pytest.raises(ApiError) as exc:
         tools.openai_chat_tools({"tools": [fn, fn]})
     assert exc.value.param == "tools[1].name"
+
+
+
+def test_tools_and_thinking_fill_the_engine_request():
+    """Each protocol's tool fields land 1:1 in GenerateRequest.tools / tool_choice / thinking."""
+
+    params = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cr = openai_chat.parse({"model": M, "messages": USER, "parallel_tool_calls": False,
+                            "tools": [{"type": "function", "function": {"name": "f", "parameters": params,
+                                                                        "strict": True}}],
+                            "tool_choice": "required", "thinking": {"type": "enabled", "budget_tokens": 7}}, M)
+    r = cr.request
+    assert [(t.name, json.loads(t.parameters_json), t.strict) for t in r.tools] == [("f", params, True)]
+    assert (r.tool_choice.mode, r.tool_choice.parallel) == (pb.TOOL_CHOICE_MODE_REQUIRED, False)
+    assert (r.thinking.enabled, r.thinking.budget_tokens) == (True, 7)
+    assert cr.origin.field is None and cr.origin.tools[0].schema_path == "tools[0].function.parameters"
+    rr = openai_responses.parse({"model": M, "input": "x", "chat_template_kwargs": {"enable_thinking": False},
+                                 "tools": [{"type": "function", "name": "g", "parameters": params}],
+                                 "tool_choice": {"type": "function", "name": "g"}}, M)
+    tc = rr.request.tool_choice
+    assert (tc.mode, list(tc.allowed_names), tc.parallel) == (pb.TOOL_CHOICE_MODE_REQUIRED, ["g"], False)
+    assert rr.request.tools[0].strict and rr.request.thinking.enabled is False
+    mr = anthropic_messages.parse({"model": M, "max_tokens": 50, "messages": USER,
+                                   "thinking": {"type": "enabled", "budget_tokens": 20},
+                                   "tools": [{"name": "h", "input_schema": params}],
+                                   "tool_choice": {"type": "none"}}, M)
+    assert mr.request.tool_choice.mode == pb.TOOL_CHOICE_MODE_NONE and mr.request.thinking.budget_tokens == 20
     with pytest.raises(ApiError) as exc:
-        tools.require_engine_tools(p)
-    assert "requires tools support in the engine API" in exc.value.message
+        anthropic_messages.parse({"model": M, "max_tokens": 10, "messages": USER,
+                                  "thinking": {"type": "enabled", "budget_tokens": 20}}, M)
+    assert exc.value.param == "thinking.budget_tokens"
+
+
+def test_tool_history_in_each_protocol():
+    """Assistant tool calls + tool results in the history reach ChatMessage.tool_calls / role tool."""
+    chat = openai_chat.parse({"model": M, "messages": [
+        *USER, {"role": "assistant", "content": None, "reasoning_content": "hm", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]}, M).request.chat.messages
+    resp = openai_responses.parse({"model": M, "input": [
+        *USER, {"type": "reasoning", "id": "rs", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\": 1}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"}]}, M).request.chat.messages
+    anth = anthropic_messages.parse({"model": M, "max_tokens": 5, "messages": [
+        *USER, {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                                 {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "42"}]}]},
+        M).request.chat.messages
+    for msgs in (chat, resp, anth):
+        assert [m.role for m in msgs] == ["user", "assistant", "tool"]
+        a, t = msgs[1], msgs[2]
+        assert [(c.id, c.name, json.loads(c.arguments_json)) for c in a.tool_calls] == [("c1", "f", {"a": 1})]
+        assert a.reasoning == "hm" and (t.tool_call_id, t.name, t.content) == ("c1", "f", "42")
+
+
+def test_engine_tool_locations_map_to_protocol_paths():
+    from gateway.engine import ConstraintOrigin, tool_location
+
+    for body, module, want in (
+            ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}] * 1},
+             openai_chat, "tools[0].function.parameters.properties.days"),
+            ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+             openai_responses, "tools[0].parameters.properties.days"),
+            ({"messages": USER, "max_tokens": 3, "tools": [{"name": "f", "input_schema": {}}]},
+             anthropic_messages, "tools[0].input_schema.properties.days")):
+        origin = module.parse({"model": M, **body}, M).origin
+        assert tool_location(origin, "/tools/0/function/parameters/properties/days") == want
+        assert tool_location(origin, "/tools/3/function/parameters") is None
+    assert tool_location(ConstraintOrigin("x"), "/tools/0/function/parameters") is None
 
 
 def test_gateway_never_imports_the_servers():
