@@ -468,8 +468,9 @@ def test_body_schema_errors_point_into_the_body():
     mod = model("qwen3")
     pol = resolve_policy(parse_tools([SEARCH]), ToolChoice("auto"), "json_schema")
     with pytest.raises(ConstraintError) as ei:
-        build_output_ebnf(mod.rules, pol, thinking=False, body_source='{"type": "object", "minProperties": 1}')
-    assert ei.value.location == "/minProperties"
+        build_output_ebnf(mod.rules, pol, thinking=False,
+                          body_source='{"type": "object", "properties": {"a": {"type": "array", "contains": {}}}}')
+    assert ei.value.location == "/properties/a/contains"
 
 
 @pytest.mark.parametrize("choice", [ToolChoice("auto"), ToolChoice("none"), ToolChoice("required", ("lookup",), False)])
