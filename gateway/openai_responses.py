@@ -77,8 +77,8 @@ def _input(body: dict) -> list[dict]:
         p = f"input[{i}]"
         if not isinstance(item, dict):
             raise invalid(p, "expected an input item object")
-        itype = item.get("type") or "message"
-        itype = itype if isinstance(itype, str) else repr(itype)
+        raw_type = item.get("type") or "message"
+        itype = raw_type if isinstance(raw_type, str) else None  # a non-string type matches no item kind
         if itype == "function_call":
             c.reject_unknown(item, {"type", "id", "call_id", "name", "arguments", "status"}, f"{p}.")
             cid = c.get_str(item, "call_id", f"{p}.call_id", required=True)
@@ -112,7 +112,7 @@ def _input(body: dict) -> list[dict]:
             reasoning.append(c.text_of_parts(parts, f"{p}.{key}", ("reasoning_text", "summary_text")))
             continue
         if itype != "message":
-            raise not_supported(f"{p}.type", f"input item type {shown(itype)} is not supported yet by the NInfer "
+            raise not_supported(f"{p}.type", f"input item type {shown(raw_type)} is not supported yet by the NInfer "
                                              "engine API")
         role = item.get("role")
         if not isinstance(role, str) or role not in ROLES:

@@ -228,7 +228,7 @@ def test_supervisor_restarts_a_dead_gateway():
 
     import httpx2
 
-    from conftest import free_port
+    from e2e.conftest import free_port
     from gateway.supervisor import GatewaySupervisor
 
     port = free_port()

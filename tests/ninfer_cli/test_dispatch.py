@@ -17,7 +17,9 @@ def test_serve_forwards_argv(monkeypatch):
         return 0
 
     mod.serve_main = serve_main
-    monkeypatch.setitem(sys.modules, ninfer_cli.SERVER_COMMANDS["serve"].module, mod)
+    # `ninfer serve` goes through ninfer_cli.serve (which adds the optional HTTP gateway) to the engine's
+    # serve_main; without --http-port the argv reaches the engine unchanged
+    monkeypatch.setitem(sys.modules, "gpu_engine.api.serve", mod)
     argv = ["--port", "50051", "--device", "cpu", "--max-lanes", "4", "--help"]
     assert ninfer_cli.main(["serve", *argv]) == 0
     assert seen["argv"] == argv
