@@ -32,6 +32,7 @@ from shared_memory.ring import MaskRing
 from ninfer_common.errors import RowError, Status
 from gpu_engine.engine.closing import Closing
 from gpu_engine.engine.drafting import Drafting
+from gpu_engine.engine.output import OutputPublishing
 from gpu_engine.engine.metrics import EngineMetrics
 from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
@@ -46,7 +47,7 @@ log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 
 
-class Engine(Drafting, Closing):
+class Engine(Drafting, Closing, OutputPublishing):
     """Owns lanes, the mask ring, the sidecar and the worker thread.
 
     Args:
@@ -382,51 +383,3 @@ class Engine(Drafting, Closing):
             self._finish(r, "length")
         elif r.output is not None:
             self._force_close(r)
-
-    def _force_close(self, r: Request) -> None:
-        """Thinking budget spent: append the canonical close without sampling (seed 000 §thinking budget).
-        Counted in ``max_tokens`` (a close that does not fit is cut and the request ends with ``length``);
-        the sidecar previews and commits the ids with the next Step's ``commit_tokens`` (a rejection there
-        is an integrity error), and their KV is written here."""
-        ids = r.output.forced_close()
-        if not ids:
-            return
-        prog = self.program
-        ids = ids[: max(0, min(r.max_tokens - len(r.output_ids), prog.max_seq_len - r.num_cached - 2))]
-        if not ids:
-            return
-        prog.append_forced(r, ids)
-        r.output_ids.extend(ids)
-        self.stats.tokens += len(ids)
-        if r.constraint is not None:
-            r.pending_commit.extend(ids)
-        try:
-            deltas = r.output.commit(ids, forced=True)
-        except RowError as e:  # DecodeIntegrityError
-            self._finish(r, "error", error=e)
-            return
-        self._put_deltas(r, deltas, ids)
-        if len(r.output_ids) >= r.max_tokens or r.num_cached + 1 >= prog.max_seq_len:
-            self._finish(r, "length")
-
-    def _publish_output(self, r: Request, emitted: list[int]) -> bool:
-        """Decode a committed step into channel deltas (reasoning / content / tool call); False when the
-        request failed (a grammar-complete call the decoder cannot read is an integrity error)."""
-        try:
-            deltas = r.output.commit(emitted)
-        except RowError as e:  # DecodeIntegrityError (kind IntegrityError, INTERNAL)
-            self._finish(r, "error", error=e)
-            return False
-        self._put_deltas(r, deltas, emitted)
-        return True
-
-    @staticmethod
-    def _put_deltas(r: Request, deltas: list, token_ids: list[int]) -> None:
-        if not deltas:
-            if token_ids:
-                r.events.put(Delta("", token_ids))
-            return
-        for i, d in enumerate(deltas):
-            call = None if d.call is None else {"id": d.call.id, "name": d.call.name,
-                                                 "arguments_json": d.call.arguments_json}
-            r.events.put(Delta(d.text, token_ids if i == 0 else [], d.channel, d.call_index, call))
