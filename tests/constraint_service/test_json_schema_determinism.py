@@ -105,6 +105,7 @@ def _two_passes(shard: tuple[int, int]) -> list[int]:
 
 
 @pytest.mark.skipif(not os.path.exists(DEV), reason="shared data not present")
+@pytest.mark.timeout(2400)  # ~5 min on an idle 2-core CI box; far longer when the box is shared
 def test_every_dev_schema_converts_identically_twice():
     """Every dev schema converted twice in one process, with garbage in between: the same grammar
     (or the same located rejection). The set is split over worker processes (one per core, at most
