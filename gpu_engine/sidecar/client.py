@@ -220,7 +220,7 @@ class Sidecar:
                 raise SidecarUnavailable(f"registering with the sidecar failed ({e.code().name})") from None
             self._channel, self._stub, self._probe = channel, stub, probe
             self.generation += 1
-            self._stream = StepStream(stub, self.generation)
+            self._stream = StepStream(stub, self.generation, self.step_deadline_s)
             self._lost = False
             if sys.getswitchinterval() > STEP_SWITCH_INTERVAL_S:
                 sys.setswitchinterval(STEP_SWITCH_INTERVAL_S)
@@ -473,7 +473,7 @@ class Sidecar:
         if stream is None:
             raise SidecarUnavailable("no Step was sent")
         try:
-            r = stream.recv(self.step_deadline_s)
+            r = stream.recv()
         except StreamBroken as e:
             self.mark_lost(str(e), stream.generation)
             raise SidecarUnavailable(f"Step stream broke ({e})") from None
