@@ -27,12 +27,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ninfer_common.errors import RequestError, RowError, Status
+from ninfer_common.telemetry import get_tracer
 
 from gpu_engine.core.request import FinishReason, Request
 from gpu_engine.sidecar.client import PrepareInfo
 from gpu_engine.sidecar.supervisor import SidecarState
 
 log = logging.getLogger("ninfer.engine")
+_tracer = get_tracer("ninfer.gpu_engine")
 # Threads re-preparing parked requests (the sidecar bounds concurrent cold compiles itself).
 REPREPARE_WORKERS = 4
 
@@ -166,6 +168,10 @@ class Supervision:
         self.metrics.replayed(len(r.output_ids))
         log.info("request %s re-prepared in sidecar generation %d; replaying %d committed token(s)",
                  r.request_id, info.generation, len(r.output_ids))
+        with _tracer.start_as_current_span("engine.replay") as span:  # the replay itself rides on the next Step
+            span.set_attribute("gen_ai.request.id", r.request_id)
+            span.set_attribute("ninfer.sidecar.generation", info.generation)
+            span.set_attribute("ninfer.replayed_tokens", len(r.output_ids))
         if p.close is not None:
             p.close.final_tokens = list(r.output_ids)
             self._closing.append(p.close)

@@ -22,9 +22,12 @@ import threading
 import time
 from typing import Callable
 
+from ninfer_common.telemetry import get_tracer
+
 from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable
 
 log = logging.getLogger("ninfer.engine.sidecar")
+_tracer = get_tracer("ninfer.gpu_engine")
 
 
 class SidecarState(enum.StrEnum):
@@ -148,7 +151,11 @@ class SidecarSupervisor:
                 self._attempts.popleft()
             self._attempts.append(time.monotonic())
             try:
-                self.sidecar.restart(why)
+                with _tracer.start_as_current_span("sidecar.restart") as span:
+                    span.set_attribute("ninfer.sidecar.reason", why)
+                    span.set_attribute("ninfer.sidecar.external", self.sidecar.external)
+                    self.sidecar.restart(why)
+                    span.set_attribute("ninfer.sidecar.generation", self.sidecar.generation)
             except (SidecarUnavailable, OSError) as e:
                 why = str(e)
                 log.error("constraint sidecar restart failed: %s", why)
