@@ -14,7 +14,6 @@ its live constrained requests and replays their committed tokens
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import shutil
@@ -25,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -37,61 +36,14 @@ from ninfer_common.telemetry import instrument_channel
 from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
 from gpu_engine.core.request import CacheStatus
 from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
 from gpu_engine.sidecar.stream import StepStream, StreamBroken
 
-log = logging.getLogger("ninfer.engine.sidecar")
-
+__all__ = ["PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow", "StepRowResult"]
 _CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
           pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
 
-
-@dataclass
-class PrepareInfo:
-    """Result of preparing a constrained request.
-
-    Attributes:
-        cache: the compile-cache outcome.
-        prepare_seconds: seconds spent in the sidecar's Prepare.
-        generation: sidecar generation the session lives in (bumped on restart).
-    """
-
-    cache: CacheStatus
-    prepare_seconds: float
-    generation: int
-
-
-@dataclass
-class StepRow:
-    """One constrained row of a step (plain values; converted at the edge)."""
-
-    request_id: str
-    row: int
-    commit_tokens: list[int]
-    draft_tokens: list[int]
-    close: bool = False  # commit ``commit_tokens``, then end the session (no masks are written)
-
-
-class RowStatus(enum.Enum):
-    """Per-row outcome of a Step. A dead end is not one: the ring's status byte reports it."""
-
-    OK = "ok"
-    INTEGRITY_ERROR = "integrity"
-
-
-@dataclass
-class StepRowResult:
-    """Per-row answer of a Step (``status``: :class:`RowStatus`; ``error`` set when not OK)."""
-
-    request_id: str
-    row: int
-    status: RowStatus
-    complete: bool
-    terminated: bool
-    error: str
-    mask_positions: int = 0  # closing rows: bitmask positions computed over the request's life
-
-
-_ROW_STATUS = {pb.ROW_STATUS_OK: RowStatus.OK, pb.ROW_STATUS_INTEGRITY_ERROR: RowStatus.INTEGRITY_ERROR}
+log = logging.getLogger("ninfer.engine.sidecar")
 
 # GIL switch interval of the engine process while a Step stream is open. A Step message is put
 # on a queue and sent by gRPC's request-consumer thread, which needs the GIL; with CPython's
@@ -444,15 +396,7 @@ class Sidecar:
         if stream is None or self._lost or (generation is not None and stream.generation != generation):
             raise SidecarUnavailable("no Step stream" if stream is None or self._lost else
                                      f"the sidecar restarted (generation {stream.generation}, rows of {generation})")
-        msg = pb.StepRequest(step_seq=step_seq, slot=slot)
-        add = msg.rows.add  # in place: ~2.5x faster than building RowStep messages and copying them
-        for r in rows:
-            if r.draft_tokens:
-                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, draft_tokens=r.draft_tokens)
-            elif r.close:
-                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, close=True)
-            else:
-                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens)
+        msg = step_request(step_seq, slot, rows)
         try:
             stream.send(msg)
         except StreamBroken as e:
@@ -481,5 +425,4 @@ class Sidecar:
             stream.broken = "answers out of order"
             self.mark_lost(stream.broken, stream.generation)
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
-        return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,
-                              x.error, x.mask_positions) for x in r.rows], r.work_seconds
+        return step_results(r), r.work_seconds

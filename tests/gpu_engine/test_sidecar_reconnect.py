@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +67,8 @@ def test_a_hung_sidecar_misses_the_step_deadline_and_is_replaced(sidecar):
     assert _step_ok(sidecar, "a", 1)
     hung = sidecar.pid
     os.kill(hung, signal.SIGSTOP)
+    while {(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{hung}/task").iterdir()} != {"T"}:
+        time.sleep(0.01)  # the stop is asynchronous: a running thread stops at its next kernel entry
     try:
         sidecar.send_step(2, 1, [StepRow("a", 0, [], [])])
         with pytest.raises(SidecarUnavailable, match="no Step answer within 1 s"):
