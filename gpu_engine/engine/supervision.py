@@ -65,8 +65,10 @@ class Supervision:
         return len(self._parked)
 
     def _sidecar_up(self) -> bool:
+        """Supervised: the supervisor has it up. Unsupervised (an engine stepped without :meth:`start`):
+        always — the re-prepare itself restarts it (``Sidecar.prepare``), on the pool's thread."""
         sup = getattr(self.sidecar, "supervisor", None)
-        return sup.usable() if sup is not None else self.sidecar.alive()
+        return sup is None or sup.usable()
 
     def _constrained_of(self, rows: list[Request]) -> tuple[list[Request], list]:
         """This step's constrained rows and pending closes, both of the sidecar's current generation (the
@@ -107,8 +109,6 @@ class Supervision:
                 self.program.release_lane(r.lane)
                 r.num_cached = 0
             self._parked[r.request_id] = _Parked(r)
-        if self.sidecar is not None and self.sidecar.supervisor is None:
-            self.sidecar.mark_lost(why)
 
     def _park_closes(self, closing: list, why: str) -> None:
         """Closes whose answer was lost: clean finishes are parked (closed again after a re-prepare and
@@ -124,7 +124,7 @@ class Supervision:
         if not self._parked:
             return False
         sc = self.sidecar
-        sup = sc.supervisor
+        sup = getattr(sc, "supervisor", None)
         moved = False
         for rid, p in list(self._parked.items()):
             r = p.request
@@ -132,6 +132,8 @@ class Supervision:
                 del self._parked[rid]
                 if not r.finished:
                     self._finish(r, "cancelled")
+                if p.future is not None:  # a session prepared for a request that is gone: end it
+                    p.future.add_done_callback(lambda f, rid=rid: self._discard_session(f, rid))
                 moved = True
                 continue
             if sup is not None and sup.state is SidecarState.FAILED and (p.future is None or p.future.done()):
@@ -195,6 +197,13 @@ class Supervision:
         c = r.constraint
         return self.sidecar.prepare(r.request_id, "" if c.kind is None else str(c.kind), c.source, list(c.choices),
                                     c.prefix, wrapper=c.wrapper, replace=True)
+
+    def _discard_session(self, fut: "Future[PrepareInfo]", request_id: str) -> None:
+        """Pool thread: close the fresh session of a request that ended while it was re-prepared."""
+        try:
+            self.sidecar.close(request_id, [], fut.result().generation)
+        except Exception:  # noqa: BLE001 - a failed re-prepare or a sidecar gone again: no session to end
+            pass
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._reprepare_pool is None:

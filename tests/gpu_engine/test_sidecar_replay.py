@@ -254,3 +254,19 @@ def test_a_crash_does_not_change_the_output(rig):
         assert all(_finish(r).error is None and _valid(r) for r in reqs)
         outputs.append([r.output_ids for r in reqs])
     assert outputs[0] == outputs[1]
+
+
+def test_a_parked_request_can_be_cancelled(rig):
+    eng, sc = rig(crash_at=2)
+    reqs = [_req(i) for i in range(2)]
+    for r in reqs:
+        eng.submit(r)
+    sc.state.update({r.request_id: 0 for r in reqs})
+    _drive(eng, lambda: eng.num_parked == len(reqs))
+    reqs[0].cancel()
+    sc.supervisor.state = SidecarState.UP
+    sc.release.set()
+    _drive(eng, lambda: _settled(eng, reqs))
+    first, second = _finish(reqs[0]), _finish(reqs[1])
+    assert first.finish_reason == "cancelled" and first.error is None
+    assert second.error is None and _valid(reqs[1]) and eng.replays == 1
