@@ -17,12 +17,14 @@ closed with all its tokens, which yields the same ``complete`` / ``terminated`` 
 
 Bounded: when the supervisor gives up (``FAILED``: too many restarts in its window), every parked
 request fails with ``ConstraintServiceUnavailable`` (structured, no Python repr), and so does a
-re-prepare the sidecar refuses. Only the engine thread touches a request's mutable state; the pool
+request parked longer than ``PARK_LIMIT_STARTUPS`` start-up timeouts; a re-prepare the sidecar
+refuses fails the request with the sidecar's error. Only the engine thread touches a request's mutable state; the pool
 threads read only its id and its (immutable) constraint.
 """
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -37,6 +39,9 @@ log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 # Threads re-preparing parked requests (the sidecar bounds concurrent cold compiles itself).
 REPREPARE_WORKERS = 4
+# A request parked longer than this many sidecar start-up timeouts fails (an external sidecar that stays
+# hung is never killed, so the supervisor's restart budget alone would not bound the wait).
+PARK_LIMIT_STARTUPS = 2
 
 
 @dataclass
@@ -44,6 +49,7 @@ class _Parked:
     request: Request
     close: object | None = None  # a closing._Close whose session close was lost
     future: "Future[PrepareInfo] | None" = None
+    since: float = 0.0  # time.monotonic() when it was parked
 
 
 class Supervision:
@@ -108,14 +114,14 @@ class Supervision:
             if not r.output_ids and r.num_cached:  # prefilled in the failed step, never sampled
                 self.program.release_lane(r.lane)
                 r.num_cached = 0
-            self._parked[r.request_id] = _Parked(r)
+            self._parked[r.request_id] = _Parked(r, since=time.monotonic())
 
     def _park_closes(self, closing: list, why: str) -> None:
         """Closes whose answer was lost: clean finishes are parked (closed again after a re-prepare and
         a replay); a cancelled or failed request is published now as it was."""
         for c in closing:
             if c.error is None and c.reason in (FinishReason.STOP, FinishReason.LENGTH):
-                self._parked[c.request.request_id] = _Parked(c.request, close=c)
+                self._parked[c.request.request_id] = _Parked(c.request, close=c, since=time.monotonic())
             else:
                 self._closed([c], None, why)
 
@@ -125,6 +131,7 @@ class Supervision:
             return False
         sc = self.sidecar
         sup = getattr(sc, "supervisor", None)
+        limit = PARK_LIMIT_STARTUPS * float(getattr(sc, "startup_timeout_s", 60.0))
         moved = False
         for rid, p in list(self._parked.items()):
             r = p.request
@@ -136,8 +143,13 @@ class Supervision:
                     p.future.add_done_callback(lambda f, rid=rid: self._discard_session(f, rid))
                 moved = True
                 continue
-            if sup is not None and sup.state is SidecarState.FAILED and (p.future is None or p.future.done()):
+            idle = p.future is None or p.future.done()
+            if sup is not None and sup.state is SidecarState.FAILED and idle:
                 self._fail_parked(p, sup.down_reason or "the constraint sidecar cannot be restarted")
+                moved = True
+                continue
+            if p.future is None and time.monotonic() - p.since > limit:
+                self._fail_parked(p, f"it was not back within {limit:g} s")
                 moved = True
                 continue
             if p.future is None:

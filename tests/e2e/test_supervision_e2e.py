@@ -66,10 +66,12 @@ def _health(target: str) -> dict[str, str]:
 
 
 class Streams:
-    """Constrained streams in threads; ``started`` counts those that received a token."""
+    """Constrained streams in threads; ``started`` counts those that received a token; ``times[i]``: the
+    arrival times (``time.monotonic()``) of stream ``i``'s token events."""
 
     def __init__(self, client, n: int) -> None:
         self.results: dict[int, object] = {}
+        self.times: dict[int, list[float]] = {i: [] for i in range(n)}
         self.errors: dict[int, BaseException] = {}
         self.started = threading.Semaphore(0)
         self.threads = [threading.Thread(target=self._run, args=(client, i), daemon=True) for i in range(n)]
@@ -81,12 +83,18 @@ class Streams:
             stream = client.generate(**_job(i))
             first = True
             for ev in stream:
-                if first and ev.token_ids:
-                    self.started.release()
-                    first = False
+                if ev.token_ids:
+                    self.times[i].append(time.monotonic())
+                    if first:
+                        self.started.release()
+                        first = False
             self.results[i] = stream.result
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.errors[i] = e
+
+    def first_after(self, t: float) -> list[float | None]:
+        """Per stream, its first token event after ``t`` (None: none)."""
+        return [next((x for x in ts if x > t), None) for ts in self.times.values()]
 
     def wait_started(self, k: int, timeout_s: float = 300) -> None:
         end = time.monotonic() + timeout_s

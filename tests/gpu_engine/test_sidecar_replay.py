@@ -235,6 +235,21 @@ def test_a_sidecar_that_cannot_be_restarted_fails_parked_rows_cleanly(rig):
     assert eng.num_parked == 0 and not sc.prepared
 
 
+def test_parked_requests_do_not_wait_forever_for_a_sidecar_that_stays_down(rig):
+    """An external sidecar that stays hung is never killed; the park limit still ends its requests."""
+    eng, sc = rig(crash_at=2)
+    sc.startup_timeout_s = 0.05  # the park limit is PARK_LIMIT_STARTUPS start-up timeouts
+    reqs = [_req(i) for i in range(2)]
+    for r in reqs:
+        eng.submit(r)
+    sc.state.update({r.request_id: 0 for r in reqs})
+    _drive(eng, lambda: _settled(eng, reqs))  # the supervisor stays DOWN
+    for r in reqs:
+        f = _finish(r)
+        assert f.error.kind == "ConstraintServiceUnavailable" and "not back within" in f.error.message, f.error
+    assert not sc.prepared
+
+
 def test_a_crash_does_not_change_the_output(rig):
     """Draws depend on (seed, position) only and the replay restores the matcher exactly: the same requests
     give the same tokens with and without a crash in the middle."""
