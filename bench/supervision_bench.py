@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_common import fmt_spread, results_path, run_header, spread  # noqa: E402
 from tests.e2e.conftest import Stack, free_port  # noqa: E402
-from tests.e2e.test_supervision_e2e import Feeder, HealthWatch, Streams, _metric, _valid  # noqa: E402
+from tests.e2e.test_supervision_e2e import Feeder, HealthWatch, Streams, _metric, _sigcont, _valid  # noqa: E402
 
 
 def trial(stack: Stack, client, sig: int, n: int, hang_s: float) -> dict:
@@ -40,13 +41,12 @@ def trial(stack: Stack, client, sig: int, n: int, hang_s: float) -> dict:
     pid = stack.sidecar_pid()
     t0 = time.monotonic()
     os.kill(pid, sig)
+    resume = threading.Timer(hang_s, _sigcont, args=(pid,)) if sig == signal.SIGSTOP else None
+    if resume is not None:
+        resume.start()
     streams.join()
-    if sig == signal.SIGSTOP:
-        time.sleep(max(0.0, hang_s - (time.monotonic() - t0)))
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    if resume is not None:
+        resume.join()
     while not watch.changes or watch.changes[-1][1] != "SERVING" or watch.changes[-1][0] < t0:
         time.sleep(0.1)
         if time.monotonic() - t0 > 300:

@@ -150,6 +150,13 @@ def test_sigkill_during_16_constrained_streams_loses_nothing(sup_stack) -> None:
         assert _health(s.target) == {"": "SERVING", "ninfer.v1.Generation": "SERVING"}
 
 
+def _sigcont(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
 class HealthWatch(threading.Thread):
     """Polls both health services; records ``(time, overall)`` on every change."""
 
@@ -206,14 +213,12 @@ def test_sigstop_hung_sidecar_is_replaced_health_flips_and_streams_finish(sup_st
         pid = s.sidecar_pid()
         t_stop = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(10.0, _sigcont, args=(pid,))  # a ~10 s hang, unless it was killed meanwhile
+        resume.start()
         try:
             streams.join()
         finally:
-            time.sleep(max(0.0, 10.0 - (time.monotonic() - t_stop)))  # a ~10 s hang, unless it is gone already
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            resume.join()
         check_all_valid(streams, n)  # the constrained streams resumed after re-prepare + replay
         end = time.monotonic() + 120
         while _health(s.target) != {"": "SERVING", "ninfer.v1.Generation": "SERVING"}:
