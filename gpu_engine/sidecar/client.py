@@ -79,7 +79,7 @@ class Sidecar:
         extra_args: extra command-line arguments for the sidecar.
         external: connect to a sidecar supervised by someone else (a Kubernetes sidecar container)
             at ``socket_path`` instead of starting a child: the peer must run under our uid; a lost
-            connection is re-established (re-registering vocabulary and ring) on the next request.
+            connection is re-established (re-registering vocabulary and ring) by the supervisor, never killed.
         step_deadline_s: seconds the engine waits for one Step answer before it treats the sidecar as
             hung (:meth:`recv_step`); also the heartbeat deadline of the supervisor.
         prepare_timeout_s: gRPC deadline of one ``Prepare`` (compile timeout plus a margin).

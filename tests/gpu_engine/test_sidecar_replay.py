@@ -171,6 +171,17 @@ def _settled(eng: Engine, reqs: list[Request]) -> bool:
     return all(r.finished for r in reqs) and not eng._closing and not eng._parked
 
 
+def _crash_and_park(rig, n: int) -> tuple[Engine, CrashingSidecar, list[Request]]:
+    """``n`` constrained requests prepared in generation 1; the second Step answer fails: all parked."""
+    eng, sc = rig(crash_at=2)
+    reqs = [_req(i) for i in range(n)]
+    for r in reqs:
+        eng.submit(r)
+    sc.state.update({r.request_id: 0 for r in reqs})
+    _drive(eng, lambda: eng.num_parked == len(reqs))
+    return eng, sc, reqs
+
+
 def _valid(r: Request) -> bool:
     return r.output_ids[:LENGTH] == [t for t in r.output_ids[:LENGTH] if t in (A, B)] and \
         len(r.output_ids) == LENGTH + 1 and r.output_ids[-1] == EOS
@@ -219,12 +230,7 @@ def test_queued_request_of_a_dead_generation_is_re_prepared_not_failed(rig):
 
 
 def test_a_sidecar_that_cannot_be_restarted_fails_parked_rows_cleanly(rig):
-    eng, sc = rig(crash_at=2)
-    reqs = [_req(i) for i in range(3)]
-    for r in reqs:
-        eng.submit(r)
-    sc.state.update({r.request_id: 0 for r in reqs})
-    _drive(eng, lambda: eng.num_parked == len(reqs))
+    eng, sc, reqs = _crash_and_park(rig, 3)
     sc.supervisor.state = SidecarState.FAILED
     sc.supervisor.down_reason = "the constraint sidecar failed 5 restarts within 60 s"
     _drive(eng, lambda: _settled(eng, reqs))
@@ -237,12 +243,8 @@ def test_a_sidecar_that_cannot_be_restarted_fails_parked_rows_cleanly(rig):
 
 def test_parked_requests_do_not_wait_forever_for_a_sidecar_that_stays_down(rig):
     """An external sidecar that stays hung is never killed; the park limit still ends its requests."""
-    eng, sc = rig(crash_at=2)
+    eng, sc, reqs = _crash_and_park(rig, 2)
     sc.startup_timeout_s = 0.05  # the park limit is PARK_LIMIT_STARTUPS start-up timeouts
-    reqs = [_req(i) for i in range(2)]
-    for r in reqs:
-        eng.submit(r)
-    sc.state.update({r.request_id: 0 for r in reqs})
     _drive(eng, lambda: _settled(eng, reqs))  # the supervisor stays DOWN
     for r in reqs:
         f = _finish(r)
@@ -272,12 +274,7 @@ def test_a_crash_does_not_change_the_output(rig):
 
 
 def test_a_parked_request_can_be_cancelled(rig):
-    eng, sc = rig(crash_at=2)
-    reqs = [_req(i) for i in range(2)]
-    for r in reqs:
-        eng.submit(r)
-    sc.state.update({r.request_id: 0 for r in reqs})
-    _drive(eng, lambda: eng.num_parked == len(reqs))
+    eng, sc, reqs = _crash_and_park(rig, 2)
     reqs[0].cancel()
     sc.supervisor.state = SidecarState.UP
     sc.release.set()
