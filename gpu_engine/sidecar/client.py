@@ -337,7 +337,8 @@ class Sidecar:
                     if attempt == 0:
                         continue
                     raise RequestError("ConstraintServiceUnavailable", "the constraint sidecar did not answer "
-                                       f"Prepare within {self.prepare_timeout_s:g} s", status=Status.UNAVAILABLE) from None
+                                       f"Prepare within {self.prepare_timeout_s:g} s",
+                                       status=Status.UNAVAILABLE) from None
                 if self.external and attempt == 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     # gRPC reconnected by itself to a replaced sidecar that has no vocabulary or ring
                     # yet ("RegisterVocabulary must come first"): register again, then retry once.

@@ -61,8 +61,9 @@ def _health(target: str) -> dict[str, str]:
 
     with grpc.insecure_channel(target) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
-        return {s: health_pb2.HealthCheckResponse.ServingStatus.Name(
-            stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=10).status) for s in ("", "ninfer.v1.Generation")}
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name
+        return {s: name(stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=10).status)
+                for s in ("", "ninfer.v1.Generation")}
 
 
 class Streams:

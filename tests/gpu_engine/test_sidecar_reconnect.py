@@ -67,7 +67,8 @@ def test_a_hung_sidecar_misses_the_step_deadline_and_is_replaced(sidecar):
     assert _step_ok(sidecar, "a", 1)
     hung = sidecar.pid
     os.kill(hung, signal.SIGSTOP)
-    while {(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{hung}/task").iterdir()} != {"T"}:
+    tasks = Path(f"/proc/{hung}/task")
+    while {(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()} != {"T"}:
         time.sleep(0.01)  # the stop is asynchronous: a running thread stops at its next kernel entry
     try:
         sidecar.send_step(2, 1, [StepRow("a", 0, [], [])])
