@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use the constraint sidecar already listening on this unix socket (e.g. a Kubernetes "
                          "sidecar container running `python -m constraint_service --socket PATH`) instead of "
                          "starting one; it must run under the same uid")
+    ap.add_argument("--sidecar-deadline", type=float, default=20.0, metavar="SECONDS",
+                    help="a sidecar that gives no Step answer or heartbeat within this many seconds is treated as "
+                         "hung: killed and restarted (an external one: reconnected); default 20")
+    ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",
+                    help="past N sidecar restarts within 60 s, constrained requests fail with "
+                         "ConstraintServiceUnavailable instead of waiting for it (default 5)")
     ap.add_argument("--tls-cert", default="", metavar="PEM", help="serve TLS with this certificate chain")
     ap.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
     ap.add_argument("--tls-client-ca", default="", metavar="PEM",
@@ -81,6 +87,7 @@ def build_stack(args: argparse.Namespace):
     from gpu_engine.hub.fetch import ensure_model
     from gpu_engine.model.loader import load_model
     from gpu_engine.sidecar.client import Sidecar
+    from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
     from gpu_engine.model.config import PRESETS
 
@@ -100,9 +107,13 @@ def build_stack(args: argparse.Namespace):
     # The socket lives in a fresh private (0700) directory the Sidecar creates: no other user can place
     # or reach a socket there, and the Sidecar checks the peer's credentials before trusting it.
     sidecar = Sidecar(args.sidecar_socket or None, vocab, ring_info, external=bool(args.sidecar_socket),
+                      step_deadline_s=args.sidecar_deadline,
+                      # a Prepare may wait for a compile slot, then compile: two compile timeouts plus the deadline
+                      prepare_timeout_s=2 * args.compile_timeout + args.sidecar_deadline,
                       extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads)])
+    SidecarSupervisor(sidecar, args.sidecar_deadline, max_restarts=args.sidecar_max_restarts)  # started by the engine
     from gpu_engine.executor import make_program
 
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
@@ -122,6 +133,15 @@ def chat_output_frontend(loaded, frontend):
     if template is None:
         return None
     return ChatOutputFrontend(frontend, family_rules(loaded.config.arch, template.source), template)
+
+
+def _set_health(hs, serving: bool) -> None:
+    """Both health services ("" and ``ninfer.v1.Generation``) SERVING or NOT_SERVING."""
+    from grpc_health.v1 import health_pb2
+
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for service in ("", "ninfer.v1.Generation"):
+        hs.set(service, status)
 
 
 def serve_main(argv: list[str] | None = None) -> int:
@@ -196,8 +216,10 @@ def serve_main(argv: list[str] | None = None) -> int:
         generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
     server.start()
-    hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    hs.set("ninfer.v1.Generation", health_pb2.HealthCheckResponse.SERVING)
+    if engine.supervisor is not None:  # NOT_SERVING while the constraint sidecar is down
+        engine.supervisor.add_listener(lambda state: _set_health(hs, state == "up"))
+    else:
+        _set_health(hs, True)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not (args.api_key or args.tls_client_ca):
         log.warning("listening on %s without --api-key or mutual TLS: anyone who can reach the port can use it",
                     args.host)

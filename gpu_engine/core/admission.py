@@ -163,6 +163,7 @@ class Admission:
         if params.messages is not None and params.continue_final_message:
             prefix = params.messages[-1].content.encode()
         c = req.constraint
+        c.prefix = prefix
         info = sc.prepare(req.request_id, "" if c.kind is None else str(c.kind), c.source, list(c.choices), prefix,
                           wrapper=c.wrapper)
         req.sidecar_generation = info.generation

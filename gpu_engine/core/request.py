@@ -70,7 +70,7 @@ class ConstraintRef:
     kind: ConstraintKind | None  # None: no body, only the output wrapper (tools / thinking)
     source: str = ""
     choices: tuple[str, ...] = ()
-    prefix: bytes = b""
+    prefix: bytes = b""  # assistant text the output continues (re-prepared with it after a sidecar restart)
     wrapper: str = ""  # the output plan's grammar_key() (thinking stage / tool calls), "" = plain body
 
     @property
@@ -170,6 +170,7 @@ class Request:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     finished: bool = False
+    parked: bool = False  # waiting for a restarted sidecar (gpu_engine.engine.supervision); keeps its lane
     detok: Any = None  # IncrementalDetokenizer, set at admission
     submitted_s: float = 0.0  # time.monotonic() when the engine received it (queue-wait metric)
     output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking

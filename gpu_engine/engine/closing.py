@@ -31,7 +31,8 @@ class _Close:
 
 class Closing:
     """Finish / publish / close; uses ``self.sidecar``, ``self._lanes``, ``self._closing``, ``self._seq``,
-    ``self.ring``, ``self.metrics``, ``self.program``, ``self.max_lanes``."""
+    ``self.ring``, ``self.metrics``, ``self.program``, ``self.max_lanes`` and the supervision mixin's
+    ``_constrained_of`` / ``_sidecar_lost`` (a close whose answer is lost is parked, not failed)."""
 
     def _finish(self, r: Request, reason: str, error: RowError | None = None) -> None:
         """End ``r``: free its lane now, stream the detokenizer's tail, and publish its Finish —
@@ -111,16 +112,17 @@ class Closing:
 
     def _close_only_step(self) -> bool:
         """Send the pending closes in a Step of their own (no resident rows); False when none are pending."""
-        closing = self._take_closing()
+        _, closing = self._constrained_of([])  # closes of a dead generation are parked for a re-prepare
         if not closing:
             return False
         self._seq += 1
         seq = self._seq
         try:
-            self.sidecar.send_step(seq, seq % self.ring.geometry.num_slots, self._close_rows(closing))
+            self.sidecar.send_step(seq, seq % self.ring.geometry.num_slots, self._close_rows(closing),
+                                   generation=self._step_gen)
             results, _ = self.sidecar.recv_step(seq)
         except SidecarUnavailable as e:
-            self._closed(closing, None, str(e))
+            self._sidecar_lost([], str(e), closing)
             return True
         self._closed(closing, {x.request_id: x for x in results})
         return True

@@ -14,6 +14,10 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
 5. commits tokens, streams text deltas, and finishes rows on EOS / budget; a finished
    constrained row's session is closed on the next Step message (:mod:`gpu_engine.engine.closing`).
 
+A sidecar that dies or misses a deadline never fails a row: its constrained rows are parked, the
+supervisor restarts it off this thread, and the rows come back re-prepared with their committed
+tokens replayed (:mod:`gpu_engine.engine.supervision`).
+
 Seed 000 §5 (transactions), §7 (bitmask layout, lookahead), DESIGN.md "The
 hot path". Pure unconstrained steps never touch the sidecar or the ring.
 """
@@ -33,6 +37,7 @@ from ninfer_common.errors import RowError, Status
 from gpu_engine.engine.closing import Closing
 from gpu_engine.engine.drafting import Drafting
 from gpu_engine.engine.output import OutputPublishing
+from gpu_engine.engine.supervision import Supervision
 from gpu_engine.engine.metrics import EngineMetrics
 from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
@@ -42,12 +47,13 @@ from gpu_engine.executor.base import Executor
 from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
 from gpu_engine.core.request import Delta, Request
 from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
+from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
 log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 
 
-class Engine(Drafting, Closing, OutputPublishing):
+class Engine(Drafting, Closing, OutputPublishing, Supervision):
     """Owns lanes, the mask ring, the sidecar and the worker thread.
 
     Args:
@@ -74,7 +80,11 @@ class Engine(Drafting, Closing, OutputPublishing):
         self.stats = EngineStats()
         self.metrics = EngineMetrics()
         self.metrics.observe_engine(lambda: self.num_waiting, lambda: self.num_active,
-                                    lambda: self.sidecar.restarts if self.sidecar is not None else 0)
+                                    lambda: self.sidecar.restarts if self.sidecar is not None else 0,
+                                    lambda: self.num_parked)
+        self.supervisor: SidecarSupervisor | None = None
+        self._step_gen = 0  # sidecar generation of the step being built
+        self._init_supervision()
         self._waiting: "queue.Queue[Request]" = queue.Queue()
         self._lanes: list[Request | None] = [None] * self.max_lanes
         self._seq = 0
@@ -91,9 +101,11 @@ class Engine(Drafting, Closing, OutputPublishing):
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        """Start the worker thread (and the sidecar, if any)."""
+        """Start the worker thread (and the sidecar with its supervisor, if any)."""
         if self.sidecar is not None:
             self.sidecar.start()
+            self.supervisor = self.sidecar.supervisor or SidecarSupervisor(self.sidecar, self.sidecar.step_deadline_s)
+            self.supervisor.start()
         self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
         self._thread.start()
 
@@ -107,10 +119,13 @@ class Engine(Drafting, Closing, OutputPublishing):
             if r is not None and not r.finished:
                 self._finish(r, "cancelled")
         if self.sidecar is not None:
+            if self.supervisor is not None:
+                self.supervisor.stop()
             try:
                 self._close_only_step()  # the worker has stopped: this thread owns the Step stream now
             except Exception as e:  # noqa: BLE001 - the requests still get their Finish
                 self._closed(self._take_closing(), None, f"engine stopping: {e}")
+            self._stop_supervision("the engine is stopping")
             self.sidecar.stop()
         self.program.close()  # CUDA: unregister the ring before it is unmapped
         if self.ring is not None:
@@ -169,27 +184,25 @@ class Engine(Drafting, Closing, OutputPublishing):
             if r.cancelled.is_set():
                 self._finish(r, "cancelled")
                 continue
-            if r.constraint is not None and self.sidecar is not None and r.sidecar_generation != self.sidecar.generation:
-                # prepared in a sidecar that has since died: its session is gone
-                self._finish(r, "error", error=RowError("ConstraintServiceUnavailable",
-                                                        "the constraint sidecar restarted before this request ran", status=Status.UNAVAILABLE))
-                continue
             r.lane = lane
             self.metrics.queued(time.monotonic() - r.submitted_s)
             r.detok = IncrementalDetokenizer(self.vocab.token_bytes, self._special | self.eos)
             self._lanes[lane] = r
             new.append(r)
+            if r.constraint is not None and self.sidecar is not None and r.sidecar_generation != self.sidecar.generation:
+                self._park([r], "prepared in a sidecar generation that has since died")  # re-prepared, not failed
         return new
 
     def step(self) -> bool:
         """Run one engine step; returns False when there was nothing to do."""
+        revived = self._revive()
         self._admit()
         for r in self._lanes:
             if r is not None and r.cancelled.is_set():
                 self._finish(r, "cancelled")
-        rows = [r for r in self._lanes if r is not None]
+        rows = [r for r in self._lanes if r is not None and not r.parked]
         if not rows:
-            return self._close_only_step() if self.sidecar is not None else False
+            return (self._close_only_step() if self.sidecar is not None else False) or revived
         t0 = time.perf_counter()
         timings = getattr(self.program, "step_timings", None)
         n_timings = len(timings) if timings is not None else 0
@@ -226,6 +239,12 @@ class Engine(Drafting, Closing, OutputPublishing):
     def _step_rows(self, rows: list[Request]) -> None:
         """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
         prog = self.program
+        constrained, closing = self._constrained_of(rows)  # rows of a dead sidecar generation are parked
+        if len(constrained) != sum(r.constraint is not None for r in rows):
+            rows = [r for r in rows if not r.parked]
+            if not rows:
+                self._closing[:0] = closing  # sent by the next step
+                return
         td = time.perf_counter()
         drafts, draft_q, deferred = self._propose_rows(rows)  # rows past their first token
         dt = time.perf_counter() - td
@@ -235,8 +254,6 @@ class Engine(Drafting, Closing, OutputPublishing):
             self.stats.spec_steps += 1
             self.stats.per_step_draft_ms.append(dt * 1e3)
             self.stats.per_step_draft_host_ms.append(dt * 1e3)
-        constrained = [r for r in rows if r.constraint is not None]
-        closing = self._take_closing() if self.sidecar is not None else []
         seq = slot = -1
         if constrained or closing:
             self._seq += 1
@@ -254,8 +271,10 @@ class Engine(Drafting, Closing, OutputPublishing):
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
         if not sent:
             constrained = []
-            if logits is None:  # else the forward already ran for all rows; finished rows drop below
-                rows = [r for r in rows if not r.finished]
+            if logits is None:  # else the forward already ran for all rows; finished / parked rows drop below
+                rows = [r for r in rows if not r.finished and not r.parked]
+                if not rows:
+                    return
             else:
                 batch = batch.without_masks()
         if logits is None:  # the sidecar computes masks meanwhile
@@ -264,7 +283,7 @@ class Engine(Drafting, Closing, OutputPublishing):
         words = status = enabled = None
         if sent:  # masks: wait only now
             words, status, enabled = self._recv_masks(seq, batch, constrained, closing)
-        live_idx = [i for i, r in enumerate(rows) if not r.finished]
+        live_idx = [i for i, r in enumerate(rows) if not r.finished and not r.parked]
         if not live_idx:
             return
         if len(live_idx) != len(rows):
@@ -292,13 +311,13 @@ class Engine(Drafting, Closing, OutputPublishing):
     def _send_step(self, seq: int, slot: int, constrained: list[Request], closing: list,
                    drafts: dict[int, list[int]]) -> bool:
         """Send this step's Step message (constrained rows + pending closes); False if the sidecar is gone
-        (its rows and closes are then finished)."""
+        (its rows and closes are then parked)."""
         try:
             if self.sidecar is None:
                 raise SidecarUnavailable("no sidecar")
             self.sidecar.send_step(seq, slot, [
                 StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained]
-                + self._close_rows(closing))
+                + self._close_rows(closing), generation=self._step_gen)
         except SidecarUnavailable as e:
             self._sidecar_lost(constrained, str(e), closing)
             return False
@@ -339,19 +358,6 @@ class Engine(Drafting, Closing, OutputPublishing):
         enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
         self.stats.mask_h2d_bytes += nbytes
         return words, status, enabled
-
-    def _sidecar_lost(self, rows: list[Request], why: str, closing: list = ()) -> None:
-        log.error("constraint sidecar lost: %s", why)
-        self._closed(list(closing), None, why)
-        for r in rows:
-            if not r.finished:
-                self._finish(r, "error", error=RowError(
-                    "ConstraintServiceUnavailable", f"the constraint sidecar failed: {why}", status=Status.UNAVAILABLE))
-        if self.sidecar is not None:
-            try:
-                self.sidecar.ensure_started()
-            except Exception as e:  # noqa: BLE001 - retried on the next constrained request
-                log.error("sidecar restart failed: %s", e)
 
     # ----------------------------------------------------------------- commit
     def _commit(self, r: Request, toks: list[int]) -> None:

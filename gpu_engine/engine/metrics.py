@@ -40,17 +40,23 @@ class EngineMetrics:
                                        description="Request arrival at the public API to its first streamed token")
         self.itl = m.create_histogram("ninfer_inter_token_latency_seconds", unit="s",
                                       description="Gap between streamed tokens of one request (per token)")
+        self.replays = m.create_counter("ninfer_sidecar_replays", unit="1",
+                                        description="Constrained requests re-prepared in a restarted sidecar with "
+                                                    "their committed tokens replayed")
+        self.replayed_tokens = m.create_counter("ninfer_sidecar_replayed_tokens", unit="1",
+                                                description="Committed tokens replayed into fresh matchers")
         self.queue_wait = m.create_histogram("ninfer_queue_wait_seconds", unit="s",
                                              description="Submission to the engine until the request got a lane")
         self._meter = m
 
-    def observe_engine(self, queue_depth, running_lanes, sidecar_restarts) -> None:
+    def observe_engine(self, queue_depth, running_lanes, sidecar_restarts, parked) -> None:
         """Register the gauges read at scrape time.
 
         Args:
             queue_depth: ``() -> int``, requests submitted and waiting for a lane.
             running_lanes: ``() -> int``, requests resident in lanes.
             sidecar_restarts: ``() -> int``, restarts of the constraint sidecar since start-up.
+            parked: ``() -> int``, constrained requests waiting for a restarted sidecar.
         """
         if not self._on:
             return
@@ -63,6 +69,8 @@ class EngineMetrics:
                                   unit="1", description="Requests resident in lanes")
         m.create_observable_counter("ninfer_sidecar_restarts", callbacks=[lambda _o: [Observation(sidecar_restarts())]],
                                     unit="1", description="Constraint sidecar restarts since start-up")
+        m.create_observable_gauge("ninfer_parked_requests", callbacks=[lambda _o: [Observation(parked())]],
+                                  unit="1", description="Constrained requests parked while the sidecar restarts")
 
     def request_finished(self, finish_reason: str, constraint_kind: str, completion_tokens: int,
                          draft_tokens: int, accepted_draft_tokens: int, constraint: Any | None) -> None:
@@ -100,6 +108,12 @@ class EngineMetrics:
     def inter_token(self, seconds_per_token: float) -> None:
         if self._on:
             self.itl.record(seconds_per_token)
+
+    def replayed(self, tokens: int) -> None:
+        """One request re-prepared after a sidecar restart, ``tokens`` committed tokens replayed."""
+        if self._on:
+            self.replays.add(1)
+            self.replayed_tokens.add(tokens)
 
     def queued(self, seconds: float) -> None:
         if self._on:

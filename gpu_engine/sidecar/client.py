@@ -5,16 +5,17 @@ unix socket inside a fresh private directory (mode 0700, random name: no other
 user can place or reach a socket there), checks with ``SO_PEERCRED`` that the
 process answering on it is that child (same uid), registers its vocabulary
 and mask ring, and keeps one ``Step``
-stream open. If the sidecar dies, every in-flight constrained request fails
-with ``ConstraintServiceUnavailable`` (nothing else is lost), and the
-sidecar is restarted for the next request.
+stream open (:class:`gpu_engine.sidecar.stream.StepStream`: every answer has a deadline).
+Every restart begins a new *generation*: sessions live in one generation only. Under
+``ninfer serve`` a :class:`gpu_engine.sidecar.supervisor.SidecarSupervisor` watches the
+process (heartbeat, deadlines) and restarts it off the engine thread; the engine re-prepares
+its live constrained requests and replays their committed tokens
+(:mod:`gpu_engine.engine.supervision`).
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
-import queue
 import shutil
 import socket
 import struct
@@ -23,8 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,60 +36,14 @@ from ninfer_common.telemetry import instrument_channel
 from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
 from gpu_engine.core.request import CacheStatus
 from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
+from gpu_engine.sidecar.stream import StepStream, StreamBroken
 
-log = logging.getLogger("ninfer.engine.sidecar")
-
+__all__ = ["PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow", "StepRowResult"]
 _CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
           pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
 
-
-@dataclass
-class PrepareInfo:
-    """Result of preparing a constrained request.
-
-    Attributes:
-        cache: the compile-cache outcome.
-        prepare_seconds: seconds spent in the sidecar's Prepare.
-        generation: sidecar generation the session lives in (bumped on restart).
-    """
-
-    cache: CacheStatus
-    prepare_seconds: float
-    generation: int
-
-
-@dataclass
-class StepRow:
-    """One constrained row of a step (plain values; converted at the edge)."""
-
-    request_id: str
-    row: int
-    commit_tokens: list[int]
-    draft_tokens: list[int]
-    close: bool = False  # commit ``commit_tokens``, then end the session (no masks are written)
-
-
-class RowStatus(enum.Enum):
-    """Per-row outcome of a Step. A dead end is not one: the ring's status byte reports it."""
-
-    OK = "ok"
-    INTEGRITY_ERROR = "integrity"
-
-
-@dataclass
-class StepRowResult:
-    """Per-row answer of a Step (``status``: :class:`RowStatus`; ``error`` set when not OK)."""
-
-    request_id: str
-    row: int
-    status: RowStatus
-    complete: bool
-    terminated: bool
-    error: str
-    mask_positions: int = 0  # closing rows: bitmask positions computed over the request's life
-
-
-_ROW_STATUS = {pb.ROW_STATUS_OK: RowStatus.OK, pb.ROW_STATUS_INTEGRITY_ERROR: RowStatus.INTEGRITY_ERROR}
+log = logging.getLogger("ninfer.engine.sidecar")
 
 # GIL switch interval of the engine process while a Step stream is open. A Step message is put
 # on a queue and sent by gRPC's request-consumer thread, which needs the GIL; with CPython's
@@ -126,11 +79,15 @@ class Sidecar:
         extra_args: extra command-line arguments for the sidecar.
         external: connect to a sidecar supervised by someone else (a Kubernetes sidecar container)
             at ``socket_path`` instead of starting a child: the peer must run under our uid; a lost
-            connection is re-established (re-registering vocabulary and ring) on the next request.
+            connection is re-established (re-registering vocabulary and ring) by the supervisor, never killed.
+        step_deadline_s: seconds the engine waits for one Step answer before it treats the sidecar as
+            hung (:meth:`recv_step`); also the heartbeat deadline of the supervisor.
+        prepare_timeout_s: gRPC deadline of one ``Prepare`` (compile timeout plus a margin).
     """
 
     def __init__(self, socket_path: str | None, vocab: TokenVocabulary, ring_info: dict,
-                 extra_args: list[str] | None = None, startup_timeout_s: float = 60.0, external: bool = False) -> None:
+                 extra_args: list[str] | None = None, startup_timeout_s: float = 60.0, external: bool = False,
+                 step_deadline_s: float = 30.0, prepare_timeout_s: float = 60.0) -> None:
         if external and not socket_path:
             raise ValueError("external: expected a socket_path")
         self.external = external
@@ -144,14 +101,18 @@ class Sidecar:
         self.ring_info = ring_info
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
+        self.step_deadline_s = step_deadline_s
+        self.prepare_timeout_s = prepare_timeout_s
         self.generation = 0
         self._lock = threading.RLock()
         self._proc: subprocess.Popen | None = None
         self._channel: grpc.Channel | None = None
+        self._probe: grpc.Channel | None = None  # heartbeats: a plain channel (no spans per probe)
         self._stub: pb_grpc.ConstraintServiceStub | None = None
-        self._step_q: queue.Queue | None = None
-        self._step_responses: Iterator[pb.StepResponse] | None = None
+        self._stream: StepStream | None = None
+        self._sent_on: StepStream | None = None  # the stream of the last send_step (its answer comes there)
         self.restarts = 0
+        self.supervisor = None  # a SidecarSupervisor once supervised: restarts happen on its thread
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -193,34 +154,42 @@ class Sidecar:
                     if time.monotonic() > deadline:
                         raise SidecarUnavailable("sidecar did not become healthy in time")
                     time.sleep(0.05)
-            finally:
+            except BaseException:
                 probe.close()
+                raise
             channel = instrument_channel(grpc.insecure_channel(target, options=[("grpc.max_send_message_length",
                                                                                  64 << 20)]))
             stub = pb_grpc.ConstraintServiceStub(channel)
             v = self.vocab
-            stub.RegisterVocabulary(pb.RegisterVocabularyRequest(
-                vocab_size=v.vocab_size, token_bytes=list(v.token_bytes), special_ids=sorted(v.special_ids),
-                eos_ids=list(v.eos_ids)), timeout=60)
-            stub.AttachRing(pb.AttachRingRequest(**self.ring_info), timeout=30)
-            self._channel, self._stub = channel, stub
-            self._step_q = queue.Queue()
-            q = self._step_q
-            self._step_responses = stub.Step(iter(q.get, None))
+            try:
+                stub.RegisterVocabulary(pb.RegisterVocabularyRequest(
+                    vocab_size=v.vocab_size, token_bytes=list(v.token_bytes), special_ids=sorted(v.special_ids),
+                    eos_ids=list(v.eos_ids)), timeout=60)
+                stub.AttachRing(pb.AttachRingRequest(**self.ring_info), timeout=30)
+            except grpc.RpcError as e:
+                channel.close()
+                probe.close()
+                raise SidecarUnavailable(f"registering with the sidecar failed ({e.code().name})") from None
+            self._channel, self._stub, self._probe = channel, stub, probe
             self.generation += 1
+            self._stream = StepStream(stub, self.generation, self.step_deadline_s)
             self._lost = False
             if sys.getswitchinterval() > STEP_SWITCH_INTERVAL_S:
                 sys.setswitchinterval(STEP_SWITCH_INTERVAL_S)
 
-    def _stop_locked(self) -> None:
-        if self._step_q is not None:
-            self._step_q.put(None)
-            self._step_q = None
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+    def _stop_locked(self, hard: bool = False) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        for ch in (self._channel, self._probe):
+            if ch is not None:
+                ch.close()
+        self._channel = self._probe = None
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+            if hard:  # hung (maybe SIGSTOPped): SIGTERM would wait; SIGKILL works on a stopped process
+                self._proc.kill()
+            else:
+                self._proc.terminate()
             try:
                 self._proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -228,7 +197,6 @@ class Sidecar:
                 self._proc.wait()
         self._proc = None
         self._stub = None
-        self._step_responses = None
 
     def _check_peer(self, expected_pid: int | None) -> bool:
         """True once the socket is served by ``expected_pid`` (any pid if None) under our uid (``SO_PEERCRED``).
@@ -271,47 +239,113 @@ class Sidecar:
         return self._proc is not None and self._proc.poll() is None and not self._lost
 
     def ensure_started(self) -> None:
-        """Restart the sidecar if its process died or its connection broke."""
+        """Restart the sidecar (on the calling thread) if its process died or its connection broke.
+
+        For unsupervised use (tools, benches, tests); a supervised sidecar restarts on the
+        supervisor's thread (:meth:`restart`).
+        """
         with self._lock:
             if not self.alive():
-                self.restarts += 1
-                log.warning("constraint sidecar is not running; restarting (restart #%d)", self.restarts)
-                self.start()
+                self.restart("not running")
+
+    def restart(self, why: str) -> None:
+        """Kill the current sidecar (SIGKILL: it may be hung) or drop the connection to an external one,
+        then start a fresh generation.
+
+        Raises:
+            SidecarUnavailable: the new sidecar did not become healthy.
+        """
+        with self._lock:
+            log.warning("constraint sidecar lost (%s); %s (restart #%d)", why,
+                        "reconnecting" if self.external else "restarting", self.restarts + 1)
+            self._lost = True
+            self._stop_locked(hard=True)
+            self.start()
+            self.restarts += 1
+
+    def mark_lost(self, why: str, generation: int | None = None) -> None:
+        """Record that the connection failed (a broken stream, a missed deadline); wakes the supervisor.
+        A report about an older ``generation`` than the current one is ignored (already replaced)."""
+        if generation is not None and generation != self.generation:
+            return
+        self._lost = True
+        if self._stream is not None and not self._stream.broken:
+            self._stream.broken = why
+        if self.supervisor is not None:
+            self.supervisor.wake()
+
+    def check_health(self, timeout_s: float) -> str:
+        """Heartbeat: ``""`` when the sidecar is alive and answers ``grpc.health.v1`` within ``timeout_s``,
+        else why not (a plain-text reason)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            return f"the sidecar exited with code {self._proc.returncode}"
+        if self._lost:
+            return (self._stream.broken if self._stream is not None and self._stream.broken else
+                    "the connection failed")
+        probe = self._probe
+        if probe is None:
+            return "not started"
+        try:
+            r = health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return f"health check failed ({e.code().name})"
+        except ValueError:  # the channel was closed by a concurrent restart
+            return "the connection was closed"
+        return "" if r.status == health_pb2.HealthCheckResponse.SERVING else "the sidecar reports NOT_SERVING"
 
     # ------------------------------------------------------------------- RPCs
     def prepare(self, request_id: str, kind: str, source: str, choices: list[str], prefix: bytes,
-                wrapper: str = "") -> PrepareInfo:
-        """Compile the constraint and create the request's output session.
+                wrapper: str = "", replace: bool = False) -> PrepareInfo:
+        """Compile the constraint and create the request's output session (gRPC deadline
+        ``prepare_timeout_s``; a missed deadline marks the sidecar lost).
 
         ``wrapper`` is the model output wrapper (thinking stage / tool calls) as the output plan's canonical
         JSON (``OutputPlan.grammar_key()``); ``kind`` may then be ``""`` (no body constraint).
+        ``replace``: a session of ``request_id`` left in the sidecar (a reconnect to the same external
+        sidecar) is closed first instead of refused (re-preparing after a lost connection).
 
         Raises:
             RequestError: the constraint is invalid (kind/location from the sidecar),
                 or the sidecar is unavailable (code UNAVAILABLE).
         """
-        for attempt in range(2):
+        for attempt in range(3):
             try:
-                self.ensure_started()
+                self._wait_usable()
                 stub, gen = self._stub, self.generation
+                if stub is None:
+                    raise SidecarUnavailable("the sidecar is not connected")
                 r = stub.Prepare(pb.PrepareRequest(request_id=request_id, prefix=prefix,
                                                    constraint=pb.Constraint(kind=kind, source=source, choices=choices,
-                                                                            wrapper=wrapper)))
+                                                                            wrapper=wrapper)),
+                                 timeout=self.prepare_timeout_s)
                 return PrepareInfo(_CACHE.get(r.cache, CacheStatus.BUILT), r.prepare_seconds, gen)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     k, m, loc = _detail_from_error(e)
                     raise RequestError(k, m, loc) from None
                 if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    if replace and attempt < 2:
+                        try:
+                            stub.Close(pb.CloseRequest(request_id=request_id), timeout=self.step_deadline_s)
+                        except grpc.RpcError:
+                            pass
+                        continue
                     raise RequestError("InvalidRequest", f"request_id {request_id!r} is already in use by a "
                                        "running request") from None
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    self.mark_lost(f"Prepare gave no answer within {self.prepare_timeout_s:g} s", gen)
+                    if attempt == 0:
+                        continue
+                    raise RequestError("ConstraintServiceUnavailable", "the constraint sidecar did not answer "
+                                       f"Prepare within {self.prepare_timeout_s:g} s",
+                                       status=Status.UNAVAILABLE) from None
                 if self.external and attempt == 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     # gRPC reconnected by itself to a replaced sidecar that has no vocabulary or ring
                     # yet ("RegisterVocabulary must come first"): register again, then retry once.
-                    self._lost = True
+                    self.mark_lost("the sidecar lost its registration", gen)
                     continue
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._lost = True
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    self.mark_lost(f"Prepare failed ({e.code().name})", gen)
                     if attempt == 0:
                         continue
                     raise RequestError("ConstraintServiceUnavailable", f"constraint sidecar unavailable: "
@@ -320,7 +354,19 @@ class Sidecar:
                                    f"{e.details()}", status=Status.INTERNAL) from None
             except SidecarUnavailable as e:
                 raise RequestError("ConstraintServiceUnavailable", str(e), status=Status.UNAVAILABLE) from None
-        raise AssertionError("unreachable")
+        raise RequestError("ConstraintServiceUnavailable", "the constraint sidecar is unavailable",
+                           status=Status.UNAVAILABLE)
+
+    def _wait_usable(self) -> None:
+        """Supervised: wait (bounded) until the supervisor has the sidecar up; else restart it here.
+
+        Raises:
+            SidecarUnavailable: it is down and could not be restarted in time.
+        """
+        if self.supervisor is None:
+            self.ensure_started()
+        elif not self.supervisor.wait_up(self.startup_timeout_s):
+            raise SidecarUnavailable(self.supervisor.down_reason or "the constraint sidecar is down")
 
     def close(self, request_id: str, final_tokens: list[int], generation: int) -> tuple[bool, bool, int, str]:
         """End a session with a blocking ``Close`` RPC: returns ``(complete, terminated, mask_positions, error)``.
@@ -340,36 +386,44 @@ class Sidecar:
             raise RowError("ConstraintServiceUnavailable", f"Close failed: {e.code().name}", status=Status.UNAVAILABLE) from None
         return r.complete, r.terminated, r.mask_positions, r.error
 
-    def send_step(self, step_seq: int, slot: int, rows: list[StepRow]) -> None:
-        """Send one Step message (non-blocking)."""
-        if self._step_q is None:
-            raise SidecarUnavailable("no Step stream")
-        msg = pb.StepRequest(step_seq=step_seq, slot=slot)
-        add = msg.rows.add  # in place: ~2.5x faster than building RowStep messages and copying them
-        for r in rows:
-            if r.draft_tokens:
-                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, draft_tokens=r.draft_tokens)
-            elif r.close:
-                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens, close=True)
-            else:
-                add(request_id=r.request_id, row=r.row, commit_tokens=r.commit_tokens)
-        self._step_q.put(msg)
-
-    def recv_step(self, step_seq: int) -> tuple[list[StepRowResult], float]:
-        """Wait for the answer to ``step_seq``: per-row results and sidecar work seconds.
+    def send_step(self, step_seq: int, slot: int, rows: list[StepRow], generation: int | None = None) -> None:
+        """Send one Step message (non-blocking).
 
         Raises:
-            SidecarUnavailable: the stream broke (sidecar died) or answered out of order.
+            SidecarUnavailable: no usable stream, or the sidecar is not of ``generation`` any more (its
+                sessions are gone: rows of an older generation must be re-prepared first).
         """
+        stream = self._stream
+        if stream is None or self._lost or (generation is not None and stream.generation != generation):
+            raise SidecarUnavailable("no Step stream" if stream is None or self._lost else
+                                     f"the sidecar restarted (generation {stream.generation}, rows of {generation})")
+        msg = step_request(step_seq, slot, rows)
         try:
-            r = next(self._step_responses)  # type: ignore[arg-type]
-        except (grpc.RpcError, StopIteration, TypeError) as e:
-            self._lost = True
-            # str(RpcError) is the call object's repr (``<_MultiThreadedRendezvous ...>``): never shown to clients
-            why = (f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) and hasattr(e, "code") else
-                   "the sidecar ended the stream" if isinstance(e, StopIteration) else "no Step stream")
-            raise SidecarUnavailable(f"Step stream broke ({why})") from None
+            stream.send(msg)
+        except StreamBroken as e:
+            self.mark_lost(str(e), stream.generation)
+            raise SidecarUnavailable(f"Step stream broke ({e})") from None
+        self._sent_on = stream
+
+    def recv_step(self, step_seq: int) -> tuple[list[StepRowResult], float]:
+        """Wait (at most ``step_deadline_s``) for the answer to ``step_seq``: per-row results and sidecar
+        work seconds.
+
+        Raises:
+            SidecarUnavailable: the stream broke (sidecar died), no answer came within the deadline
+                (hung: the sidecar is then marked lost, and the supervisor kills and restarts it), or
+                it answered out of order.
+        """
+        stream, self._sent_on = self._sent_on, None
+        if stream is None:
+            raise SidecarUnavailable("no Step was sent")
+        try:
+            r = stream.recv()
+        except StreamBroken as e:
+            self.mark_lost(str(e), stream.generation)
+            raise SidecarUnavailable(f"Step stream broke ({e})") from None
         if r.step_seq != step_seq:
+            stream.broken = "answers out of order"
+            self.mark_lost(stream.broken, stream.generation)
             raise SidecarUnavailable(f"Step answer out of order: expected seq {step_seq}, got {r.step_seq}")
-        return [StepRowResult(x.request_id, x.row, _ROW_STATUS.get(x.status, RowStatus.INTEGRITY_ERROR), x.complete, x.terminated,
-                              x.error, x.mask_positions) for x in r.rows], r.work_seconds
+        return step_results(r), r.work_seconds

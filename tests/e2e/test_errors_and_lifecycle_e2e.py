@@ -119,7 +119,9 @@ def test_no_segment_after_stop_and_after_sigkill(own_stack):
     assert not shm_segments(s.port)
 
 
-def test_sidecar_death_mid_request_fails_only_constrained_rows(own_stack):
+def test_sidecar_death_mid_request_loses_nothing(own_stack):
+    """The constrained request is parked, re-prepared in the restarted sidecar and its tokens replayed;
+    it completes in its language (it used to fail with ConstraintServiceUnavailable)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from clients.client import NInferClient
@@ -134,10 +136,8 @@ def test_sidecar_death_mid_request_fails_only_constrained_rows(own_stack):
         os.kill(s.sidecar_pid(), signal.SIGKILL)
         rc, rf = long_constrained.result(300), free.result(300)
     assert rf.error is None and rf.finish_reason in ("stop", "length")
-    if rc.finish_reason == "error":
-        assert rc.error["kind"] == "ConstraintServiceUnavailable" and rc.error["code"] == "UNAVAILABLE"
-        assert "Rendezvous" not in rc.error["message"] and "<" not in rc.error["message"], rc.error  # no repr
-        assert re.fullmatch(r"[0-9 ]*", rc.text)
+    assert rc.error is None and rc.finish_reason in ("stop", "length"), rc
+    assert re.fullmatch(r"[0-9 ]+", rc.text), rc.text
     s.stop()
     assert not shm_segments(s.port)
 

@@ -2,7 +2,8 @@
 
 A real ``python -m constraint_service`` listens on a socket in a private directory, as the sidecar
 container of deploy/k8s/deployment.yaml does; the engine connects to it, starts no child, and after
-the sidecar is replaced (as the kubelet restarts a crashed container) reconnects on the next request.
+the sidecar crashes and is replaced (as the kubelet restarts a crashed container) reconnects, registers
+again and replays the constrained streams that were in flight: none of them fails.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 import pytest
 
 from .conftest import MODEL, ROOT, Stack, free_port
+from .test_supervision_e2e import Streams, check_all_valid
 
 REGEX = r"[a-z]{3}-[0-9]{2}"
 
@@ -59,9 +61,14 @@ def test_engine_uses_an_external_sidecar_and_reconnects_after_it_is_replaced(tmp
         with NInferClient(s.target) as c:
             r = c.generate_text(prompt="Code:", constraint={"regex": REGEX}, max_tokens=16, seed=1)
             assert r.error is None and re.fullmatch(REGEX, r.text), r
-            stop(sidecar)  # the kubelet would now restart the container
+            streams = Streams(c, 4)  # constrained streams in flight while the sidecar crashes
+            streams.wait_started(1)
+            sidecar.kill()  # the kubelet would now restart the container
+            sidecar.wait()
             sock.unlink(missing_ok=True)
             sidecar = start_sidecar(sock)
+            streams.join()
+            check_all_valid(streams, 4)  # reconnected, re-registered, re-prepared and replayed: none failed
             r = c.generate_text(prompt="Code:", constraint={"regex": REGEX}, max_tokens=16, seed=2)
             assert r.error is None and re.fullmatch(REGEX, r.text), r
     finally:

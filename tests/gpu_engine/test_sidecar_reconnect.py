@@ -7,7 +7,10 @@ constrained request failed with the same "Step stream broke" until the engine wa
 from __future__ import annotations
 
 import os
+import signal
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -53,4 +56,30 @@ def test_broken_step_stream_restarts_a_live_sidecar(sidecar):
     assert not sidecar.alive()
     sidecar.ensure_started()
     assert sidecar.alive() and sidecar.generation == first_gen + 1 and sidecar.pid != first_pid
+    assert _step_ok(sidecar, "b", 1)
+
+
+def test_a_hung_sidecar_misses_the_step_deadline_and_is_replaced(sidecar):
+    """SIGSTOP: the Step answer never comes; ``recv_step`` gives up after the deadline instead of blocking the
+    engine thread forever, and the restart SIGKILLs the stopped child."""
+    sidecar.step_deadline_s = 1.0
+    sidecar.restart("a shorter deadline for this test")
+    assert _step_ok(sidecar, "a", 1)
+    hung = sidecar.pid
+    os.kill(hung, signal.SIGSTOP)
+    tasks = Path(f"/proc/{hung}/task")
+    while {(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()} != {"T"}:
+        time.sleep(0.01)  # the stop is asynchronous: a running thread stops at its next kernel entry
+    try:
+        sidecar.send_step(2, 1, [StepRow("a", 0, [], [])])
+        with pytest.raises(SidecarUnavailable, match="no Step answer within 1 s"):
+            sidecar.recv_step(2)
+        assert not sidecar.alive() and sidecar.check_health(1.0)
+        sidecar.ensure_started()
+    finally:
+        try:
+            os.kill(hung, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert sidecar.pid != hung and not sidecar.check_health(5.0)
     assert _step_ok(sidecar, "b", 1)

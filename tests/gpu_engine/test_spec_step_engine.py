@@ -75,7 +75,7 @@ class FakeSidecar:
     def ensure_started(self):
         pass
 
-    def send_step(self, seq, slot, rows):
+    def send_step(self, seq, slot, rows, generation=None):
         self.msgs.append((seq, slot, rows))
 
     def recv_step(self, seq):

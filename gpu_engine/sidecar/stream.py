@@ -1,0 +1,90 @@
+"""The engine's ``Step`` stream to one sidecar generation, with a deadline on every answer.
+
+gRPC's response iterator blocks in ``next()`` until an answer or an error arrives: a hung (e.g.
+SIGSTOPped) sidecar would block the engine thread forever. The engine thread still reads the
+answer itself (no extra thread hop on the hot path: the answer wakes it directly), while a
+watchdog thread per stream cancels the call when one wait has lasted longer than the deadline;
+the cancelled ``next()`` returns at once and :meth:`StepStream.recv` reports the missed deadline
+(issue 14 (3)).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+
+from ninfer.constraint.v1 import constraint_pb2 as pb
+
+
+class StreamBroken(Exception):
+    """The stream ended, failed, or did not answer within the deadline (``str``: why, no Python repr)."""
+
+
+class StepStream:
+    """One bidirectional ``Step`` call of one sidecar generation.
+
+    Args:
+        stub: a ``ConstraintServiceStub`` on the generation's channel.
+        generation: the sidecar generation this stream belongs to (sessions live in one generation).
+        deadline_s: the longest wait for one answer, seconds.
+    """
+
+    def __init__(self, stub, generation: int, deadline_s: float) -> None:
+        self.generation = generation
+        self.deadline_s = float(deadline_s)
+        self._requests: "queue.Queue[pb.StepRequest | None]" = queue.Queue()
+        self.broken: str = ""  # why the stream is unusable ("" while it is fine)
+        self._waiting_since = 0.0  # time.monotonic() when the engine began waiting; 0 when not waiting
+        self._closed = threading.Event()
+        self._call = stub.Step(iter(self._requests.get, None))
+        threading.Thread(target=self._watch, name=f"ninfer-step-watchdog-{generation}", daemon=True).start()
+
+    def _watch(self) -> None:
+        tick = min(0.25, self.deadline_s / 4)
+        while not self._closed.wait(tick):
+            since = self._waiting_since
+            if since and time.monotonic() - since > self.deadline_s and not self.broken:
+                self.broken = f"no Step answer within {self.deadline_s:g} s (the sidecar is hung or overloaded)"
+                self._call.cancel()  # the engine's next() returns now
+                return
+
+    def send(self, msg: pb.StepRequest) -> None:
+        """Queue ``msg`` for sending (non-blocking).
+
+        Raises:
+            StreamBroken: the stream is known to be broken.
+        """
+        if self.broken:
+            raise StreamBroken(self.broken)
+        self._requests.put(msg)
+
+    def recv(self) -> pb.StepResponse:
+        """The next answer, waiting at most ``deadline_s`` seconds (plus the watchdog's tick).
+
+        Raises:
+            StreamBroken: the stream broke, ended, or gave no answer within the deadline (the stream
+                is then broken for good: a late answer could not be matched to its step any more).
+        """
+        if self.broken:
+            raise StreamBroken(self.broken)
+        self._waiting_since = time.monotonic()
+        try:
+            return next(self._call)
+        except grpc.RpcError as e:
+            # str(RpcError) is the call object's repr (``<_MultiThreadedRendezvous ...>``): never shown to clients
+            self.broken = self.broken or (f"{e.code().name}: {e.details()}" if hasattr(e, "code") else
+                                          "the Step stream failed")
+        except StopIteration:
+            self.broken = self.broken or "the sidecar ended the stream"
+        finally:
+            self._waiting_since = 0.0
+        raise StreamBroken(self.broken)
+
+    def close(self) -> None:
+        """End the stream (a wait in :meth:`recv` returns with :class:`StreamBroken`)."""
+        self.broken = self.broken or "the stream was closed"
+        self._closed.set()
+        self._requests.put(None)
+        self._call.cancel()
