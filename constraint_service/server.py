@@ -192,11 +192,17 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             max_cold_compiles=self.options.max_cold_compiles,
             compile_timeout_s=self.options.compile_timeout_s,
             fill_threads=self.options.fill_threads or _auto_fill_threads(),
+            isolate=True,  # cold compiles in killable worker processes (issue 14 defect 8)
         )
         with self._lock:
-            self._compiler = compiler
+            old, self._compiler = self._compiler, compiler
             self._vocab_id = getattr(compiler, "vocab_id", "") or ""
             self._sessions.clear()
+        if old is not None:
+            old.close()
+        # the first cold compile should not spend its deadline on a worker's start (~2-10 s: torch import)
+        if not compiler.wait_workers(30.0):
+            log.warning("no compile worker ready after 30 s; cold compiles wait for one within their deadline")
         return pb.RegisterVocabularyResponse(vocab_id=self._vocab_id)
 
     def AttachRing(self, request: pb.AttachRingRequest, context: grpc.ServicerContext):
@@ -384,8 +390,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         return [rid, lane, status, s.is_complete, s.is_terminated, err, live.mask_positions]
 
     def close(self) -> None:
-        """Detach from the ring (does not unlink it)."""
+        """Detach from the ring (does not unlink it) and stop the compile worker processes."""
         with self._lock:
+            if self._compiler is not None:
+                self._compiler.close()
             if self._ring is not None:
                 self._ring.close()
                 self._ring = None
