@@ -172,6 +172,7 @@ class Request:
     finished: bool = False
     detok: Any = None  # IncrementalDetokenizer, set at admission
     submitted_s: float = 0.0  # time.monotonic() when the engine received it (queue-wait metric)
+    trace_context: Any = None  # the request span's OpenTelemetry SpanContext (engine step spans link to it)
     output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
     output_result: Any = None  # its StreamResult, set when the request finishes
 
