@@ -182,30 +182,41 @@ def _hostile_generate(draw) -> Case:
 
 @st.composite
 def _invalid_generate(draw) -> Case:
-    m = pb.GenerateRequest(prompt="Hello", max_tokens=2)
+    # the rest of the request is valid and varied (hypothesis stops early on a small finite space)
+    m = pb.GenerateRequest(prompt=draw(_text.filter(bool)), max_tokens=draw(st.integers(1, 4)),
+                           request_id=draw(st.text(alphabet="abcdef0123456789-", max_size=24)))
+    if draw(st.booleans()):
+        m.sampling.seed = draw(st.integers(0, 2**64 - 1))
     rule = draw(st.sampled_from(["temperature", "top_p", "penalty", "utf8", "broken", "role", "choices", "size",
                                  "request_id", "tool", "no_input"]))
     if rule == "temperature":
-        m.sampling.temperature = draw(st.sampled_from([math.nan, math.inf, -math.inf, -1.0, -1e-30]))
+        m.sampling.temperature = draw(st.sampled_from([math.nan, math.inf, -math.inf, -1e-30])
+                                      | st.floats(max_value=-0.5, width=32, allow_infinity=True))
     elif rule == "top_p":
-        m.sampling.top_p = draw(st.sampled_from([math.nan, 0.0, -0.5, 1.5, math.inf]))
+        m.sampling.top_p = draw(st.sampled_from([math.nan, 0.0, math.inf])
+                                | st.floats(max_value=0.0, width=32) | st.floats(min_value=1.5, width=32))
     elif rule == "penalty":
-        m.sampling.presence_penalty = draw(st.sampled_from([math.nan, 2.5, -3.0, math.inf]))
+        v = draw(st.sampled_from([math.nan, math.inf]) | st.floats(min_value=2.5, width=32)
+                 | st.floats(max_value=-2.5, width=32))
+        setattr(m.sampling, draw(st.sampled_from(["presence_penalty", "frequency_penalty"])), v)
     elif rule == "broken":
         kind = draw(st.sampled_from(sorted(_BROKEN)))
         m.constraint.CopyFrom(pb.OutputConstraint(**{kind: draw(st.sampled_from(_BROKEN[kind]))}))
     elif rule == "role":
         m.ClearField("prompt")
-        m.chat.messages.append(pb.ChatMessage(role=draw(st.sampled_from(["bogus", "", "USER", "root"])), content="hi"))
+        role = draw(st.text(max_size=10).filter(lambda r: r not in ("system", "user", "assistant", "tool")))
+        m.chat.messages.append(pb.ChatMessage(role=role, content=draw(_text)))
     elif rule == "choices":
-        m.constraint.choice.options.extend(f"o{i}" for i in range(4097))
+        m.constraint.choice.options.extend(f"o{i}" for i in range(4097 + draw(st.integers(0, 100))))
     elif rule == "size":
-        m.constraint.regex = "a" * (MAX_SOURCE + 1)
+        kind = draw(st.sampled_from(["regex", "grammar", "json_schema"]))
+        setattr(m.constraint, kind, "a" * (MAX_SOURCE + 1 + draw(st.integers(0, 1000))))
     elif rule == "request_id":
-        m.request_id = draw(st.sampled_from(["x" * 257, "a\nb", "\x00"]))
+        m.request_id = draw(st.text(min_size=257, max_size=400) | st.builds(
+            lambda a, c, b: a + c + b, _text, st.sampled_from(["\n", "\x00", "\x1f", "\x7f"]), _text))
     elif rule == "tool":
         m.ClearField("prompt")
-        m.chat.messages.append(pb.ChatMessage(role="user", content="hi"))
+        m.chat.messages.append(pb.ChatMessage(role="user", content=draw(_text)))
         m.tools.append(pb.Tool(name="f", parameters_json=draw(st.sampled_from(["{", "[]", '{"type": 5}', "7"])),
                                strict=True))
     elif rule == "no_input":
