@@ -401,6 +401,7 @@ class ConstraintCompiler:
         except WorkerCrashed as exc:  # e.g. out of memory on a huge constraint: not remembered
             error = ConstraintError(kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema",
                                     f"the grammar compiler failed on this constraint ({exc})", "")
+            error.transient = True  # may depend on load (memory): never remembered
         except Exception as exc:  # noqa: BLE001 - user input we failed to convert
             error = user_input_error(kind, exc)
         with self._slot_cv:
@@ -477,7 +478,8 @@ class ConstraintCompiler:
                     self.stats.failures += 1
                 err = build.error
                 # CompileTimeout depends on load: never remembered
-                if isinstance(err, ConstraintError) and err.kind != "CompileTimeout":
+                if (isinstance(err, ConstraintError) and err.kind != "CompileTimeout"
+                        and not getattr(err, "transient", False)):
                     self._failures[build.key] = err
                     while len(self._failures) > self._max_failures:
                         self._failures.popitem(last=False)

@@ -129,3 +129,24 @@ def test_flat_objects_are_limited_by_size_not_depth(isolated):
     with pytest.raises(ConstraintError) as ei2:
         isolated.compile(ConstraintSpec("json_schema", deep))
     assert ei2.value.kind in ("InvalidSchema", "UnsupportedSchema") and "nest" in ei2.value.message, ei2.value
+
+
+def test_a_worker_dying_mid_compile_fails_that_request_only_and_is_not_remembered():
+    import os
+    import signal
+    import threading
+
+    c = ConstraintCompiler(_big_vocab(), isolate=True, max_cold_compiles=1, compile_timeout_s=300.0)
+    try:
+        assert c.wait_workers(120)
+        (pid,) = c.worker_pids
+        spec = _pathological(tag="k")
+        threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()  # e.g. the OOM killer
+        with pytest.raises(ConstraintError) as ei:
+            c.compile(spec)
+        assert ei.value.kind == "InvalidGrammar" and "died" in ei.value.message, ei.value
+        assert c.cache_key(spec) not in c._failures  # a crash may depend on load: not remembered
+        assert c.wait_workers(120) and pid not in c.worker_pids  # replaced
+        assert c.compile(ConstraintSpec("regex", "[0-9]+"))[1].cache == "built"
+    finally:
+        c.close()
