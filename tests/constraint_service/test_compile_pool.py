@@ -6,24 +6,13 @@ cache and the "CompileTimeout is never remembered" rule are unchanged; hits neve
 """
 from __future__ import annotations
 
-import random
-
 import psutil
 import pytest
 
-from conftest import VOCAB, make_session, session_mask, tok
+from conftest import VOCAB, make_big_vocab as _big_vocab, make_session, session_mask, tok
 from constraint_service.compiler import ConstraintCompiler
 from constraint_service.errors import ConstraintError
 from constraint_service.types import ConstraintSpec
-from constraint_service.vocab import Vocabulary
-
-
-def _big_vocab() -> Vocabulary:
-    rng = random.Random(0)
-    letters = b"abcdefghijklmnopqrstuvwxyz0123456789"
-    toks = [bytes([i]) for i in range(256)] + [b"<eos>"] + [
-        bytes(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(5000)]
-    return Vocabulary(vocab_size=len(toks) + 3, token_bytes=tuple(toks), eos_ids=(256,))
 
 
 def _pathological(n: int = 12000, tag: str = "p") -> ConstraintSpec:
