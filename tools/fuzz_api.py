@@ -430,6 +430,8 @@ def main() -> int:
 
     from bench.bench_common import results_path, run_header
 
+    header = run_header("cpu", tool="fuzz_api", n=args.n, seed=args.seed, call_deadline_s=args.call_deadline,
+                        server_args=args.server_args if not args.target else "(external)")  # the code under test
     proc = None
     target = args.target
     if not target:
@@ -447,8 +449,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     hangs = sum(1 for f in tally.failures if f["problem"].startswith("hang"))
-    out = dict(run_header("cpu", tool="fuzz_api", n=args.n, seed=args.seed, call_deadline_s=args.call_deadline,
-                          server_args=args.server_args if not args.target else "(external)"),
+    out = dict(header, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                wall_s=round(time.monotonic() - t0, 1), cases=tally.cases, server_alive_and_healthy_after=ok,
                crashes=0 if ok else 1, hangs=hangs, contract_failures=len(tally.failures),
                slowest_call_s=round(tally.slowest_s, 2), outcomes=dict(tally.outcomes),
