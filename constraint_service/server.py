@@ -61,6 +61,9 @@ class SidecarOptions:
             thread. Off by default: on this 2-CPU host (load ~50) it made the Step 8x slower at p50
             (64 rows, bench/step_fill_bench.py: 2.5 -> 20 ms): the worker needs the GIL to pick up a
             chunk while the Step thread runs Python commits (GIL switch interval 5 ms).
+        isolate_compiles: prove each cold compile in a killable worker process first (killed at the
+            deadline; ``ConstraintCompiler(isolate=True)``); False compiles on threads only (unit tests of
+            the Step path, where worker start-up would only cost time).
     """
 
     cache_bytes: int = 256 << 20
@@ -68,6 +71,7 @@ class SidecarOptions:
     compile_timeout_s: float = 10.0
     fill_threads: int = 0
     fill_chunk_rows: int = 0
+    isolate_compiles: bool = True
 
 
 def _auto_fill_threads() -> int:
@@ -192,7 +196,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             max_cold_compiles=self.options.max_cold_compiles,
             compile_timeout_s=self.options.compile_timeout_s,
             fill_threads=self.options.fill_threads or _auto_fill_threads(),
-            isolate=True,  # cold compiles in killable worker processes (issue 14 defect 8)
+            isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
         )
         with self._lock:
             old, self._compiler = self._compiler, compiler
