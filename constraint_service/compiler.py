@@ -15,9 +15,13 @@ Seed 000 §编译与缓存, issue 3 "Compilation and cache":
   for a key being built waits for that build (``"waited"``); hits take no
   slot (``"hit"``).  Waiting for a slot counts against the deadline: a
   request never queues unboundedly behind other builds.
-* Compile deadline (default 10 s).  xgrammar cannot cancel a compile, so on
-  timeout the request fails with ``CompileTimeout`` and the worker thread is
-  *abandoned*: it always gives its slot back (moves to the abandoned pool)
+* Compile deadline (default 10 s).  With ``isolate=True`` (the sidecar) a cold
+  compile first runs in a killable worker process (``compile_pool``): on
+  timeout that process is killed and replaced, nothing keeps running; the
+  sidecar then compiles the worker's grammar in-process (a build just shown
+  to end in time).  Without it (library use, unit tests) the build runs on a
+  thread: xgrammar cannot cancel a compile, so on timeout the request fails
+  with ``CompileTimeout`` and the worker thread is *abandoned*: it always gives its slot back (moves to the abandoned pool)
   and is re-niced to the lowest CPU priority so the serving threads and new
   compiles keep their CPU share.  While ``max_abandoned_compiles`` abandoned
   builds still run, new builds of *large* sources (more than
@@ -53,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .backend import Backend, CompiledConstraint, XGrammarBackend
+from .compile_pool import CompilePool, WorkerCrashed
 from .errors import ConstraintError
 from .registry import kind_entry, user_input_error
 from .tools.wrap import Wrapped, wrapped_grammar
@@ -96,6 +101,7 @@ class CompileStats:
     failures: int = 0
     timeouts: int = 0
     evictions: int = 0
+    killed: int = 0  # compile worker processes killed at the deadline (``isolate=True``)
 
 
 @dataclass
@@ -109,6 +115,7 @@ class _Build:
     started: bool = False  # a worker thread runs / ran it
     native_id: int = 0  # the worker's OS thread id (for re-nicing when abandoned)
     size: int = 0  # source bytes (admission while the abandoned pool is full)
+    spec: Optional[ConstraintSpec] = None  # what to compile (sent to a compile worker process)
 
 
 class ConstraintCompiler:
@@ -128,13 +135,16 @@ class ConstraintCompiler:
         backend_factory: builds the :class:`~constraint_service.backend.base.Backend`
             as ``backend_factory(vocab, fill_threads=...)`` on first constrained use
             (default :class:`~constraint_service.backend.XGrammarBackend`).
+        isolate: run each cold compile first in a killable worker process (a warm pool of
+            ``max_cold_compiles`` processes, started now in the background; xgrammar backend only),
+            killed and replaced on ``CompileTimeout``; call :meth:`close` when done.
     """
 
     def __init__(self, vocab: Vocabulary, *, cache_bytes: int = 256 << 20,
                  max_cold_compiles: int = 2, compile_timeout_s: float = 10.0,
                  max_abandoned_compiles: Optional[int] = None, fill_threads: int = 2,
                  max_failures_remembered: int = 256,
-                 backend_factory: Callable[..., Backend] = XGrammarBackend) -> None:
+                 backend_factory: Callable[..., Backend] = XGrammarBackend, isolate: bool = False) -> None:
         if max_cold_compiles < 1:
             raise ValueError("max_cold_compiles must be >= 1")
         self.vocab = Vocabulary.from_any(vocab)
@@ -159,6 +169,7 @@ class ConstraintCompiler:
         self._inflight: dict[tuple, _Build] = {}
         self._failures: "OrderedDict[tuple, ConstraintError]" = OrderedDict()
         self._evict_pending = False
+        self._pool: Optional[CompilePool] = CompilePool(self.vocab, self.max_cold_compiles) if isolate else None
 
     # -- public ---------------------------------------------------------------
     @property
@@ -191,6 +202,20 @@ class ConstraintCompiler:
         """(builds holding a slot, abandoned builds still running)."""
         with self._slot_cv:
             return self._running, self._abandoned
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the compile worker processes (``[]`` without ``isolate``)."""
+        return self._pool.pids if self._pool is not None else []
+
+    def wait_workers(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a warm compile worker (True at once without ``isolate``)."""
+        return self._pool.wait_ready(timeout) if self._pool is not None else True
+
+    def close(self) -> None:
+        """Kill the compile worker processes (idempotent); cached grammars stay usable."""
+        if self._pool is not None:
+            self._pool.close()
 
     def cache_key(self, spec: ConstraintSpec) -> tuple:
         """The cache key of ``spec`` (validates choice lists and schema JSON).
@@ -233,7 +258,7 @@ class ConstraintCompiler:
             build = self._inflight.get(key)
             owner = build is None
             if owner:
-                build = _Build(key, size=size)
+                build = _Build(key, size=size, spec=spec)
                 self._inflight[key] = build
         if not owner:
             # the same key is being built (possibly by an abandoned worker): wait for it,
@@ -264,6 +289,10 @@ class ConstraintCompiler:
             raise self._timeout_error(spec.kind)
         self._settle(build)
         if build.error is not None:
+            if isinstance(build.error, ConstraintError) and build.error.kind == "CompileTimeout":
+                with self._lock:
+                    self.stats.timeouts += 1
+                raise self._timeout_error(spec.kind)
             raise build.error
         return build.result, CompileInfo(CacheStatus.BUILT, time.perf_counter() - t0)
 
@@ -329,6 +358,9 @@ class ConstraintCompiler:
             deadline = time.perf_counter() + self.compile_timeout_s
         backend = self.backend  # lazy vocabulary index, charged to this prepare
         self._acquire_slot(build.size, deadline)
+        if self._pool is not None:
+            self._run_isolated(build, backend, kind, deadline)
+            return
         worker = threading.Thread(
             target=self._worker, args=(build, backend, kind, canon),
             name=f"ninfer-compile-{kind}", daemon=True,
@@ -352,6 +384,31 @@ class ConstraintCompiler:
                 self._abandoned += 1
                 self._slot_cv.notify_all()
                 _lower_priority(build.native_id)
+
+    def _run_isolated(self, build: _Build, backend: Backend, kind: ConstraintKind, deadline: float) -> None:
+        """Prove the compile in a worker process (killed at ``deadline``), then compile its grammar here;
+        runs on the owner's thread with a slot held, never abandoned."""
+        result = error = None
+        try:
+            build.started = True
+            text, _ = self._pool.prove(build.spec, deadline)
+            result = self.compile_grammar(backend, kind, backend.grammar_from_text(text), build.key)
+        except ConstraintError as exc:
+            error = exc
+            if exc.kind == "CompileTimeout":
+                with self._lock:
+                    self.stats.killed = self._pool.kills
+        except WorkerCrashed as exc:  # e.g. out of memory on a huge constraint: not remembered
+            error = ConstraintError(kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema",
+                                    f"the grammar compiler failed on this constraint ({exc})", "")
+            error.transient = True  # may depend on load (memory): never remembered
+        except Exception as exc:  # noqa: BLE001 - user input we failed to convert
+            error = user_input_error(kind, exc)
+        with self._slot_cv:
+            self._running -= 1
+            build.result, build.error = result, error
+            build.finished.set()
+            self._slot_cv.notify_all()
 
     def _worker(self, build: _Build, backend: Backend, kind: ConstraintKind, canon: Any) -> None:
         build.native_id = threading.get_native_id()
@@ -380,15 +437,31 @@ class ConstraintCompiler:
             self._settle(build)
 
     def _build_grammar(self, backend: Backend, kind: ConstraintKind | None, canon: Any, key: tuple) -> CompiledConstraint:
-        """Convert (the kind's registry entry, or the tool/thinking builder for a wrapped constraint) and
-        compile (the backend); runs on a worker thread."""
+        """Convert and compile; runs on a worker thread."""
+        return self.compile_grammar(backend, kind, self.grammar_of(backend, kind, canon), key)
+
+    @staticmethod
+    def grammar_of(backend: Backend, kind: ConstraintKind | None, canon: Any) -> Any:
+        """The backend grammar of a canonical source (the kind's registry entry, or the tool/thinking
+        builder for a wrapped constraint).
+
+        Raises:
+            ConstraintError: the kind's error kind; other exceptions for input the converter failed on.
+        """
         if isinstance(canon, Wrapped):
-            grammar = wrapped_grammar(backend, kind, canon)
-            return backend.compile(grammar, kind=kind, key=key,
-                                   error_kind=kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema")
-        entry = kind_entry(kind)
-        grammar = entry.to_grammar(backend, canon)
-        return backend.compile(grammar, kind=entry.kind, key=key, error_kind=entry.error_kind)
+            return wrapped_grammar(backend, kind, canon)
+        return kind_entry(kind).to_grammar(backend, canon)
+
+    @staticmethod
+    def compile_grammar(backend: Backend, kind: ConstraintKind | None, grammar: Any, key: tuple) -> CompiledConstraint:
+        """Compile a backend grammar (eagerly: every token mask is built now).
+
+        Raises:
+            ConstraintError: the kind's error kind when the backend rejects it.
+        """
+        error_kind = kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema"
+        return backend.compile(grammar, kind=kind_entry(kind).kind if kind is not None else None, key=key,
+                               error_kind=error_kind)
 
     def _settle(self, build: _Build) -> None:
         """Publish a finished build: cache the result or remember a deterministic failure."""
@@ -405,7 +478,8 @@ class ConstraintCompiler:
                     self.stats.failures += 1
                 err = build.error
                 # CompileTimeout depends on load: never remembered
-                if isinstance(err, ConstraintError) and err.kind != "CompileTimeout":
+                if (isinstance(err, ConstraintError) and err.kind != "CompileTimeout"
+                        and not getattr(err, "transient", False)):
                     self._failures[build.key] = err
                     while len(self._failures) > self._max_failures:
                         self._failures.popitem(last=False)

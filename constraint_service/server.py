@@ -61,6 +61,9 @@ class SidecarOptions:
             thread. Off by default: on this 2-CPU host (load ~50) it made the Step 8x slower at p50
             (64 rows, bench/step_fill_bench.py: 2.5 -> 20 ms): the worker needs the GIL to pick up a
             chunk while the Step thread runs Python commits (GIL switch interval 5 ms).
+        isolate_compiles: prove each cold compile in a killable worker process first (killed at the
+            deadline; ``ConstraintCompiler(isolate=True)``); False compiles on threads only (unit tests of
+            the Step path, where worker start-up would only cost time).
     """
 
     cache_bytes: int = 256 << 20
@@ -68,6 +71,7 @@ class SidecarOptions:
     compile_timeout_s: float = 10.0
     fill_threads: int = 0
     fill_chunk_rows: int = 0
+    isolate_compiles: bool = True
 
 
 def _auto_fill_threads() -> int:
@@ -192,11 +196,17 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             max_cold_compiles=self.options.max_cold_compiles,
             compile_timeout_s=self.options.compile_timeout_s,
             fill_threads=self.options.fill_threads or _auto_fill_threads(),
+            isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
         )
         with self._lock:
-            self._compiler = compiler
+            old, self._compiler = self._compiler, compiler
             self._vocab_id = getattr(compiler, "vocab_id", "") or ""
             self._sessions.clear()
+        if old is not None:
+            old.close()
+        # the first cold compile should not spend its deadline on a worker's start (~2-10 s: torch import)
+        if not compiler.wait_workers(30.0):
+            log.warning("no compile worker ready after 30 s; cold compiles wait for one within their deadline")
         return pb.RegisterVocabularyResponse(vocab_id=self._vocab_id)
 
     def AttachRing(self, request: pb.AttachRingRequest, context: grpc.ServicerContext):
@@ -384,8 +394,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         return [rid, lane, status, s.is_complete, s.is_terminated, err, live.mask_positions]
 
     def close(self) -> None:
-        """Detach from the ring (does not unlink it)."""
+        """Detach from the ring (does not unlink it) and stop the compile worker processes."""
         with self._lock:
+            if self._compiler is not None:
+                self._compiler.close()
             if self._ring is not None:
                 self._ring.close()
                 self._ring = None

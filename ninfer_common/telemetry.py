@@ -5,7 +5,8 @@ RPC and per engine step, context propagated in gRPC metadata); spans are
 exported only when configured:
 
 * ``OTEL_EXPORTER_OTLP_ENDPOINT`` set → OTLP/gRPC exporter (Jaeger, Tempo, …);
-* ``NINFER_TRACE_CONSOLE=1`` → spans printed to stderr;
+* ``NINFER_TRACE_CONSOLE=1`` → spans printed to stderr as each ends (synchronously: the sidecar's
+  stdout is discarded by the engine and it may be killed, so nothing waits in a batch);
 * otherwise spans are created and dropped (near-zero cost).
 
 Where the OpenTelemetry packages are not installed (e.g. the bare GPU box),
@@ -14,8 +15,9 @@ every helper degrades to a no-op.
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Iterable
 
 _configured = False
 
@@ -30,7 +32,7 @@ def setup_tracing(service_name: str) -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
     except ImportError:
         return
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
@@ -42,7 +44,7 @@ def setup_tracing(service_name: str) -> None:
         except ImportError:
             pass
     if os.environ.get("NINFER_TRACE_CONSOLE") == "1":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     trace.set_tracer_provider(provider)
 
 
@@ -65,8 +67,41 @@ class _NoopSpan:
     def set_attribute(self, *_a: Any) -> None:
         pass
 
+    def set_status(self, *_a: Any) -> None:
+        pass
+
     def record_exception(self, *_a: Any) -> None:
         pass
+
+    def get_span_context(self) -> None:
+        return None
+
+
+def mark_error(span: Any, error_type: str, message: str) -> None:
+    """Set ``span``'s status to ERROR with ``message`` and the semantic-convention ``error.type``
+    attribute (e.g. the request's ``ErrorKind``)."""
+    span.set_attribute("error.type", error_type)
+    try:
+        from opentelemetry.trace import Status, StatusCode
+    except ImportError:
+        return
+    span.set_status(Status(StatusCode.ERROR, message[:512]))
+
+
+def links_to(span_contexts: Iterable[Any]) -> list[Any]:
+    """OpenTelemetry span links to the valid ``span_contexts`` (e.g. an engine step's rows' request
+    spans; a context is None without tracing). Empty without the OpenTelemetry packages."""
+    try:
+        from opentelemetry.trace import Link
+    except ImportError:
+        return []
+    out, seen = [], set()
+    for ctx in span_contexts:
+        if ctx is None or not getattr(ctx, "is_valid", False) or ctx.span_id in seen:
+            continue
+        seen.add(ctx.span_id)
+        out.append(Link(ctx))
+    return out
 
 
 def server_interceptors() -> list[Any]:

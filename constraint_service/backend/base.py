@@ -104,6 +104,14 @@ class Backend(Protocol):
         (used to put a thinking/tool wrapper around a body)."""
         ...
 
+    def grammar_to_text(self, grammar: Grammar) -> str:
+        """The grammar as text (to move it between processes; no compiled masks)."""
+        ...
+
+    def grammar_from_text(self, text: str) -> Grammar:
+        """The grammar :meth:`grammar_to_text` wrote."""
+        ...
+
     def compile(self, grammar: Grammar, *, kind: ConstraintKind | str, key: tuple,
                 error_kind: str = "InvalidGrammar") -> "CompiledConstraint":
         """Compile ``grammar`` against the vocabulary (blocking; may take seconds).

@@ -199,6 +199,21 @@ class XGrammarBackend:
             raise translate_xgrammar_error(exc, source, kind) from None
 
     @staticmethod
+    def grammar_to_text(grammar: "xgr.Grammar") -> str:
+        """The grammar as text that :meth:`grammar_from_text` reads back (xgrammar's JSON; no token masks,
+        so it is small and cheap, unlike a compiled grammar's JSON)."""
+        return grammar.serialize_json()
+
+    @staticmethod
+    def grammar_from_text(text: str) -> "xgr.Grammar":
+        """The grammar :meth:`grammar_to_text` wrote (same xgrammar version).
+
+        Raises:
+            RuntimeError: malformed text (xgrammar's ``DeserializeFormatError``).
+        """
+        return xgr.Grammar.deserialize_json(text)
+
+    @staticmethod
     def concat(grammars: Sequence["xgr.Grammar"]) -> "xgr.Grammar":
         """The concatenation of the grammars' languages (xgrammar renames clashing rules)."""
         return xgr.Grammar.concat(*grammars)

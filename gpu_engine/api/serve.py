@@ -209,7 +209,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     engine.start()
     add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default,
                                                max_queued_requests=args.max_queued_requests,
-                                               chat_output=chat_output_frontend(loaded, frontend)), server)
+                                               chat_output=chat_output_frontend(loaded, frontend),
+                                               model_name=os.path.basename(str(args.model).rstrip("/"))), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection([

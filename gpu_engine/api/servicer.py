@@ -8,6 +8,11 @@ and prepares it on this (the caller's) thread — off the engine worker, as seed
 000 §3 asks — before it is queued. Every rejection before queueing is a
 :class:`ninfer_common.errors.RequestError`, answered with its gRPC code and a
 structured ``ErrorDetail`` (:func:`ninfer_common.grpc_status.rpc_status_of`).
+
+Tracing (issue 14 (9)): each Generate / CountTokens call has one span (``gen_ai.*`` attributes of the
+OpenTelemetry GenAI semantic conventions: operation, model, response id = the request id, token usage,
+finish reasons, sampling parameters); a rejected call's span has status ERROR and ``error.type`` = the
+``ErrorKind``; every engine step span links to the request spans of its rows.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from ninfer.v1 import generation_pb2 as pb
 from ninfer.v1 import generation_pb2_grpc as pb_grpc
 from ninfer_common.errors import ErrorKind, RequestError
 from ninfer_common.grpc_status import rpc_status_of
-from ninfer_common.telemetry import get_tracer
+from ninfer_common.telemetry import get_tracer, mark_error
 
 from gpu_engine.api.convert import delta_to_proto, finish_to_proto, input_of, params_from_proto
 from gpu_engine.core.admission import Admission
@@ -69,11 +74,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         engine: the running engine.
         frontend: tokenizer + chat template of the served model.
         default_max_tokens: budget when a request gives 0.
+        model_name: the served model's name (``gen_ai.request.model`` / ``gen_ai.response.model``).
     """
 
     def __init__(self, engine: Engine, frontend: Frontend, default_max_tokens: int = 256,
-                 max_queued_requests: int = 64, chat_output=None) -> None:
+                 max_queued_requests: int = 64, chat_output=None, model_name: str = "") -> None:
         self.engine = engine
+        self.model_name = model_name
         self.frontend = frontend
         self.default_max_tokens = default_max_tokens
         self.admission = Admission(engine, frontend, default_max_tokens, chat_output=chat_output)
@@ -89,6 +96,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         """Count and answer a rejection before queueing (every path goes through here)."""
         if span is not None:
             span.set_attribute("ninfer.error.kind", str(e.kind))
+            mark_error(span, str(e.kind), str(e))
         self.engine.metrics.request_rejected(str(e.kind))
         _abort(context, e)
 
@@ -110,73 +118,95 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     # ----------------------------------------------------------------- RPCs
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
         arrival = time.monotonic()
+        with _tracer.start_as_current_span("ninfer.generate") as span:
+            self._request_attributes(span, request)
+            if isinstance(request, _Undecodable):
+                self._reject(context, RequestError(ErrorKind.INVALID_REQUEST,
+                                                   f"cannot decode the request: {request.reason}"), span)
+                return
+            if not self._enter():
+                self._reject(context, RequestError(
+                    ErrorKind.SERVER_OVERLOADED, f"the server is at capacity ({self.max_in_flight} requests running "
+                    f"or queued); retry after {RETRY_AFTER_S:g} s"), span)
+                return
+            try:
+                yield from self._generate(request, context, arrival, span)
+            finally:
+                self._leave()
+
+    def _request_attributes(self, span, request) -> None:
+        """GenAI semantic-convention attributes known before admission."""
+        chat = not isinstance(request, _Undecodable) and request.WhichOneof("input") == "chat"
+        span.set_attribute("gen_ai.operation.name", "chat" if chat else "text_completion")
+        if self.model_name:
+            span.set_attribute("gen_ai.request.model", self.model_name)
         if isinstance(request, _Undecodable):
-            self._reject(context, RequestError(ErrorKind.INVALID_REQUEST,
-                                               f"cannot decode the request: {request.reason}"))
             return
-        if not self._enter():
-            self._reject(context, RequestError(
-                ErrorKind.SERVER_OVERLOADED, f"the server is at capacity ({self.max_in_flight} requests running or "
-                f"queued); retry after {RETRY_AFTER_S:g} s"))
-            return
-        try:
-            yield from self._generate(request, context, arrival)
-        finally:
-            self._leave()
+        span.set_attribute("gen_ai.request.max_tokens", int(request.max_tokens))
 
     def _generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext,
-                  arrival: float) -> Iterator[pb.GenerateResponse]:
-        with _tracer.start_as_current_span("ninfer.generate") as span:
-            span.set_attribute("gen_ai.operation.name", "text_completion")
-            span.set_attribute("gen_ai.request.max_tokens", int(request.max_tokens))
-            if request.request_id:
-                span.set_attribute("gen_ai.request.id", request.request_id)
-            try:
-                req = self.build_request(request)
-            except RequestError as e:
-                self._reject(context, e, span)
-                return
-            context.add_callback(req.cancel)
-            self.engine.submit(req)
-            metrics = self.engine.metrics
-            last = None
-            while True:
-                ev = req.events.get()
-                if isinstance(ev, Delta):
-                    n = len(ev.token_ids)
-                    if n:
-                        now = time.monotonic()
-                        if last is None:
-                            metrics.first_token(now - arrival)
-                        else:
-                            metrics.inter_token((now - last) / n)
-                        last = now
-                    yield delta_to_proto(ev, req.output is not None)
-                    continue
-                assert isinstance(ev, Finish)
-                span.set_attribute("gen_ai.usage.input_tokens", ev.prompt_tokens)
-                span.set_attribute("gen_ai.usage.output_tokens", ev.completion_tokens)
-                span.set_attribute("gen_ai.response.finish_reasons", [str(ev.finish_reason)])
-                yield pb.GenerateResponse(finish=finish_to_proto(ev))
-                return
+                  arrival: float, span) -> Iterator[pb.GenerateResponse]:
+        try:
+            req = self.build_request(request)
+        except RequestError as e:
+            self._reject(context, e, span)
+            return
+        span.set_attribute("gen_ai.response.id", req.request_id)
+        sp = req.sampling
+        for attr, value in (("temperature", float(sp.temperature)), ("top_p", float(sp.top_p)),
+                            ("top_k", int(sp.top_k)), ("seed", int(sp.seed) & ((1 << 63) - 1))):
+            span.set_attribute(f"gen_ai.request.{attr}", value)
+        if self.model_name:
+            span.set_attribute("gen_ai.response.model", self.model_name)
+        req.trace_context = span.get_span_context()
+        context.add_callback(req.cancel)
+        self.engine.submit(req)
+        metrics = self.engine.metrics
+        last = None
+        while True:
+            ev = req.events.get()
+            if isinstance(ev, Delta):
+                n = len(ev.token_ids)
+                if n:
+                    now = time.monotonic()
+                    if last is None:
+                        metrics.first_token(now - arrival)
+                    else:
+                        metrics.inter_token((now - last) / n)
+                    last = now
+                yield delta_to_proto(ev, req.output is not None)
+                continue
+            assert isinstance(ev, Finish)
+            span.set_attribute("gen_ai.usage.input_tokens", ev.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", ev.completion_tokens)
+            span.set_attribute("gen_ai.response.finish_reasons", [str(ev.finish_reason)])
+            if ev.error is not None:
+                mark_error(span, str(ev.error.kind), str(ev.error))
+            yield pb.GenerateResponse(finish=finish_to_proto(ev))
+            return
 
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
-        if isinstance(request, _Undecodable):
-            self._reject(context, RequestError(ErrorKind.INVALID_REQUEST,
-                                               f"cannot decode the request: {request.reason}"))
-        if not self._count_slots.acquire(blocking=False):
-            self._reject(context, RequestError(ErrorKind.SERVER_OVERLOADED, f"{COUNT_TOKENS_CONCURRENCY} CountTokens "
-                                               f"calls are running; retry after {RETRY_AFTER_S:g} s"))
-        try:
-            prompt, messages, cont = input_of(request)
+        with _tracer.start_as_current_span("ninfer.count_tokens") as span:
+            if self.model_name:
+                span.set_attribute("gen_ai.request.model", self.model_name)
+            if isinstance(request, _Undecodable):
+                self._reject(context, RequestError(ErrorKind.INVALID_REQUEST,
+                                                   f"cannot decode the request: {request.reason}"), span)
+            if not self._count_slots.acquire(blocking=False):
+                self._reject(context, RequestError(ErrorKind.SERVER_OVERLOADED, f"{COUNT_TOKENS_CONCURRENCY} "
+                                                   f"CountTokens calls are running; retry after {RETRY_AFTER_S:g} s"),
+                             span)
             try:
-                ids = self.admission.encode(GenerateParams(prompt=prompt, messages=messages,
-                                                           continue_final_message=cont))
-            except RequestError as e:
-                self._reject(context, e)
-        finally:
-            self._count_slots.release()
-        return pb.CountTokensResponse(num_tokens=len(ids), max_context_tokens=self.engine.program.max_seq_len)
+                prompt, messages, cont = input_of(request)
+                try:
+                    ids = self.admission.encode(GenerateParams(prompt=prompt, messages=messages,
+                                                               continue_final_message=cont))
+                except RequestError as e:
+                    self._reject(context, e, span)
+            finally:
+                self._count_slots.release()
+            span.set_attribute("gen_ai.usage.input_tokens", len(ids))
+            return pb.CountTokensResponse(num_tokens=len(ids), max_context_tokens=self.engine.program.max_seq_len)
 
 
 class _Undecodable:

@@ -173,6 +173,7 @@ class Request:
     parked: bool = False  # waiting for a restarted sidecar (gpu_engine.engine.supervision); keeps its lane
     detok: Any = None  # IncrementalDetokenizer, set at admission
     submitted_s: float = 0.0  # time.monotonic() when the engine received it (queue-wait metric)
+    trace_context: Any = None  # the request span's OpenTelemetry SpanContext (engine step spans link to it)
     output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
     output_result: Any = None  # its StreamResult, set when the request finishes
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from ninfer_common.telemetry import get_tracer
+from ninfer_common.telemetry import get_tracer, links_to
 from shared_memory.ring import MaskRing
 
 from ninfer_common.errors import RowError, Status
@@ -208,7 +208,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
         n_timings = len(timings) if timings is not None else 0
         n_waits = len(self.stats.per_step_wait_ms)
         prefill = any(not r.output_ids for r in rows)
-        with _tracer.start_as_current_span("engine.step") as span:
+        # telemetry hook (issue 14 (9)): a step span links to the request spans of its rows
+        with _tracer.start_as_current_span("engine.step", links=links_to(r.trace_context for r in rows)) as span:
             span.set_attribute("ninfer.batch_size", len(rows))
             self._step_rows(rows)
         dt = time.perf_counter() - t0

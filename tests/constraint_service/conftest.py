@@ -30,6 +30,18 @@ def make_vocab(vocab_size: int = 300) -> Vocabulary:
                       special_ids=frozenset({special}), eos_ids=(eos,))
 
 
+def make_big_vocab() -> Vocabulary:
+    """All single bytes, EOS, then 5,000 random 2-8 letter tokens: real compiles take measurable time."""
+    import random
+
+    rng = random.Random(0)
+    letters = b"abcdefghijklmnopqrstuvwxyz0123456789"
+    toks = [bytes([i]) for i in range(256)] + [b"<eos>"] + [
+        bytes(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(5000)
+    ]
+    return Vocabulary(vocab_size=len(toks) + 3, token_bytes=tuple(toks), eos_ids=(256,))
+
+
 VOCAB = make_vocab()
 EOS = VOCAB.eos_ids[0]
 SPECIAL = next(iter(VOCAB.special_ids))

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 
 import pytest
 
-from conftest import VOCAB, make_vocab
+from conftest import VOCAB, make_big_vocab as _big_vocab, make_vocab
 from constraint_service.compiler import SMALL_SOURCE_BYTES, ConstraintCompiler
 from constraint_service.registry import canonical_json
 from constraint_service.errors import ConstraintError
 from constraint_service.session import OutputSession
 from constraint_service.types import ConstraintSpec
-from constraint_service.vocab import Vocabulary
 
 
 def G(src: str) -> ConstraintSpec:
@@ -245,13 +243,6 @@ def test_deterministic_failures_still_remembered():
     assert c.calls.count('root ::= "a" root') == 1
 
 
-def _big_vocab() -> Vocabulary:
-    rng = random.Random(0)
-    letters = b"abcdefghijklmnopqrstuvwxyz0123456789"
-    toks = [bytes([i]) for i in range(256)] + [b"<eos>"] + [
-        bytes(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(5000)
-    ]
-    return Vocabulary(vocab_size=len(toks) + 3, token_bytes=tuple(toks), eos_ids=(256,))
 
 
 def test_real_pathological_compile_times_out_while_others_proceed():

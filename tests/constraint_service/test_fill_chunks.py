@@ -30,7 +30,7 @@ def _tok(b: bytes) -> int:
 def _make(chunk_rows: int):
     geo = RingGeometry(num_slots=2, num_lanes=LANES, num_positions=POSITIONS, vocab_size=VOCAB.vocab_size)
     ring = MaskRing.create(f"ninfer-test-chunks-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
-    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk_rows))
+    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk_rows, isolate_compiles=False))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
         eos_ids=list(VOCAB.eos_ids)), Ctx())

@@ -129,7 +129,7 @@ def test_server_prepare_maps_deep_nesting_to_invalid_argument(monkeypatch):
             self.status = status
             raise Aborted
 
-    sv = ConstraintServicer()
+    sv = ConstraintServicer()  # compiles in the killable worker processes, as in the sidecar
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes),
         special_ids=list(VOCAB.special_ids), eos_ids=list(VOCAB.eos_ids)), Ctx())
@@ -146,3 +146,4 @@ def test_server_prepare_maps_deep_nesting_to_invalid_argument(monkeypatch):
     with pytest.raises(Aborted):
         sv.Prepare(pb.PrepareRequest(request_id="r", constraint=pb.Constraint(kind="grammar", source="x")), ctx)
     assert ctx.status.code == grpc.StatusCode.INVALID_ARGUMENT
+    sv.close()

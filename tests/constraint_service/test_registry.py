@@ -71,6 +71,14 @@ class RecordingBackend:
         self.calls.append(("concat", len(grammars)))
         return self._inner.concat(grammars)
 
+    def grammar_to_text(self, grammar):
+        self.calls.append(("grammar_to_text",))
+        return self._inner.grammar_to_text(grammar)
+
+    def grammar_from_text(self, text):
+        self.calls.append(("grammar_from_text",))
+        return self._inner.grammar_from_text(text)
+
     def compile(self, grammar, *, kind, key, error_kind="InvalidGrammar"):
         self.calls.append(("compile", kind, str(error_kind)))
         compiled = self._inner.compile(grammar, kind=kind, key=key, error_kind=error_kind)

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from conftest import EOS, VOCAB
 
-from constraint_service.server import ConstraintServicer
+from constraint_service.server import ConstraintServicer, SidecarOptions
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from shared_memory.layout import RingGeometry
 from shared_memory.ring import MaskRing
@@ -32,7 +32,7 @@ class Ctx:
 def servicer():
     geo = RingGeometry(num_slots=2, num_lanes=4, num_positions=2, vocab_size=VOCAB.vocab_size)
     ring = MaskRing.create(f"ninfer-test-step-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
-    sv = ConstraintServicer()
+    sv = ConstraintServicer(SidecarOptions(isolate_compiles=False))  # compile workers: test_compile_pool.py
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
         eos_ids=list(VOCAB.eos_ids)), Ctx())

@@ -1,9 +1,15 @@
-"""Compile deadline end to end (issue 3): a pathological grammar fails alone, neighbours keep streaming.
+"""Compile deadline end to end (issues 3 and 14): a pathological grammar fails alone, neighbours keep
+streaming, and nothing keeps compiling it afterwards.
 
 Real stack started with ``--compile-timeout 1``: while an unconstrained stream and a regex-constrained
 stream are decoding, a grammar whose compile takes several seconds on the 49k SmolLM2 vocabulary is
 sent. It must fail with INVALID_ARGUMENT / ``CompileTimeout``, and both neighbours must receive tokens
 between that request's start and its failure (progress, not speed) and then finish normally.
+
+Issue 14 defect 8: the timed-out compile used to keep running on an abandoned sidecar thread (a core
+busy for seconds to minutes). Cold compiles now run in killable worker processes (children of the
+sidecar): the one that ran the pathological compile must be gone right after the failure, the sidecar
+itself must not be busy compiling, and the next cold compile must work.
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import re
 import threading
 import time
 
+import psutil
 import pytest
 
 from .conftest import MODEL, Stack, free_port, shm_segments
@@ -27,6 +34,22 @@ PATHOLOGICAL = "\n".join(
 )
 # At least 9 words before the final "." may end it: the stream cannot stop right after it started.
 REGEX = r"([a-z]+ ){8,}[a-z]+\."
+#: A sidecar busy compiling uses a whole core; serving two light streams uses a small fraction of one.
+BUSY_CPU_PERCENT = 60.0
+
+
+def compile_workers(sidecar: psutil.Process) -> set[int]:
+    """PIDs of the sidecar's compile worker processes."""
+    out = set()
+    for ch in sidecar.children():
+        try:
+            if any("compile_worker" in part for part in ch.cmdline()):
+                out.add(ch.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 # Long enough to outlast the 1 s deadline, short enough for a loaded 2-core CPU box (~2-10 tokens/s each).
 MAX_TOKENS = 40
 
@@ -78,10 +101,18 @@ def test_pathological_compile_times_out_alone_while_neighbours_stream(deadline_s
             assert time.monotonic() < deadline, f"neighbours did not start streaming: {token_times}"
             time.sleep(0.02)
 
+        sidecar = psutil.Process(deadline_stack.sidecar_pid())
+        workers_before = compile_workers(sidecar)
+        assert workers_before, "the sidecar has no compile worker processes"
         t_start = time.monotonic()
         with pytest.raises(RequestRejected) as ei:
             client.generate_text(prompt="x", constraint={"grammar": PATHOLOGICAL}, max_tokens=4)
         t_fail = time.monotonic()
+        # the worker that ran it was killed; the others (idle) are untouched; the sidecar is not compiling
+        gone = workers_before - compile_workers(sidecar)
+        assert len(gone) == 1 and not any(psutil.pid_exists(p) for p in gone), (workers_before, gone)
+        sidecar_cpu = sidecar.cpu_percent(interval=2.0)
+        assert sidecar_cpu < BUSY_CPU_PERCENT, f"sidecar still busy after the CompileTimeout: {sidecar_cpu}% CPU"
         err = ei.value
         assert err.code == "INVALID_ARGUMENT" and err.kind == "CompileTimeout", repr(err)
         assert t_fail - t_start >= 1.0, "failed before the 1 s deadline: the grammar is not pathological here"
@@ -98,6 +129,11 @@ def test_pathological_compile_times_out_alone_while_neighbours_stream(deadline_s
                         f"(tokens at {[round(x - t_start, 2) for x in token_times[name]]})")
         r = results[name]
         assert r.error is None and r.finish_reason in ("stop", "length"), (name, r)
+    # the next cold compile works (a replacement worker starts within its deadline or another one is free)
+    with NInferClient(deadline_stack.target) as client:
+        nxt = client.generate_text(prompt="Say yes or no.", constraint={"regex": "(yes|no)!"}, max_tokens=8,
+                                   temperature=0.0)
+    assert nxt.error is None and nxt.text in ("yes!", "no!"), nxt
     rx = results["regex"]
     if rx.finish_reason == "stop":
         assert re.fullmatch(REGEX, rx.text), rx.text

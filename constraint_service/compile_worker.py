@@ -1,0 +1,76 @@
+"""A compile worker process (``python -m constraint_service.compile_worker FD``); see ``compile_pool``.
+
+Protocol on the inherited socket ``FD`` (``multiprocessing.connection`` framing): the sidecar sends the
+pickled :class:`~constraint_service.vocab.Vocabulary` once; the worker builds the vocabulary index and
+answers ``("ready",)``.  Then, per :class:`~constraint_service.types.ConstraintSpec` received, it
+converts and compiles it (the same code as the in-process compile) and answers
+``("ok", grammar JSON text, compile seconds)``, ``("error", kind, message, location)`` for a rejected
+constraint, or ``("fault", text)``.  It exits on EOF and when its parent dies.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+
+def _die_with_parent() -> None:
+    """Exit when the sidecar dies, even mid-compile (xgrammar releases the GIL while compiling).
+
+    ``PR_SET_PDEATHSIG`` cannot be used: it fires when the parent *thread* that started this process
+    ends, and the pool starts workers from short-lived threads.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(fd: int) -> int:
+    _die_with_parent()
+    conn = Connection(fd)
+    try:
+        vocab = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return 0
+    from .compiler import ConstraintCompiler
+    from .errors import ConstraintError
+    from .registry import user_input_error
+
+    compiler = ConstraintCompiler(vocab)
+    backend = compiler.backend  # the vocabulary index, built once
+    conn.send(("ready",))
+    while True:
+        try:
+            spec = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        t0 = time.perf_counter()
+        try:
+            key, canon, _ = compiler._key_and_source(spec)
+            grammar = compiler.grammar_of(backend, spec.kind, canon)
+            compiler.compile_grammar(backend, spec.kind, grammar, key)  # the proof
+            msg = ("ok", backend.grammar_to_text(grammar), time.perf_counter() - t0)
+        except ConstraintError as e:
+            msg = ("error", e.kind, e.message, e.location)
+        except Exception as e:  # noqa: BLE001 - user input we failed to convert
+            err = user_input_error(spec.kind, e)
+            msg = ("error", err.kind, err.message, err.location)
+        except BaseException as e:  # noqa: BLE001 - reported to the sidecar
+            msg = ("fault", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(msg)
+        except (EOFError, OSError):
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))
