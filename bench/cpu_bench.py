@@ -213,26 +213,35 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         proc.terminate()
         proc.wait(60)
+    return {"rows": rows, "summary": summarise(rows, args.batches, kinds)}
+
+
+def summarise(rows: list[dict], batches: list[int], kinds: list[str]) -> list[dict]:
+    """Per (batch, kind): median tokens/s with its spread, ratio vs unconstrained, and per-repeat ratios vs
+    every transformers variant (``ratio_vs_<variant>``; ``ratio_vs_transformers`` = default threads)."""
     summary = []
-    for b in args.batches:
+    for b in batches:
         unc = [r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "unconstrained"]
         base = statistics.median(unc) if unc else None
-        hf_tps = {r["repeat"]: r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "transformers"}
+        hf = {k: {r["repeat"]: r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == k}
+              for k in kinds if k.startswith("transformers")}
         for kind in kinds:
             sel = [r for r in rows if r["batch"] == b and r["kind"] == kind]
             sp = spread(r["tokens_per_s"] for r in sel)
-            # the load of the shared machine drifts: the headline ratio is the median of per-repeat ratios
-            # (each against the transformers run of the same repeat, measured minutes apart at most)
-            per_rep = spread(r["tokens_per_s"] / hf_tps[r["repeat"]] for r in sel if r["repeat"] in hf_tps)
             row = {"batch": b, "kind": kind, "tokens_per_s": sp["median"], "tokens_per_s_spread": sp,
                    "ratio_vs_unconstrained": sp["median"] / base if base else None,
-                   "ratio_vs_transformers": per_rep["median"], "ratio_vs_transformers_spread": per_rep,
+                   "ratio_vs_transformers": None, "ratio_vs_transformers_spread": spread([]),
                    "loadavg_1min_median": statistics.median(x for r in sel for x in r["loadavg_1min"])}
+            # the load of the shared machine drifts: a ratio is the median of per-repeat ratios (each against
+            # the transformers run of the same repeat, measured minutes apart at most)
+            for hk, by_rep in hf.items():
+                per_rep = spread(r["tokens_per_s"] / by_rep[r["repeat"]] for r in sel if r["repeat"] in by_rep)
+                row[f"ratio_vs_{hk}"], row[f"ratio_vs_{hk}_spread"] = per_rep["median"], per_rep
             for key in ("ttft_p50_ms", "itl_p50_ms", "itl_p99_ms"):
                 vals = [r[key] for r in sel if key in r]
                 row[key] = statistics.median(vals) if vals else float("nan")
             summary.append(row)
-    return {"rows": rows, "summary": summary}
+    return summary
 
 
 def main() -> int:
