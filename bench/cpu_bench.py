@@ -14,7 +14,8 @@ after one warm-up request per lane; ``--repeats`` (default 3) repeats with every
 each; medians and [min-max] spreads. Side by side in the same run: ``transformers`` ``generate`` on the
 same weights (float32, default cache), unless ``--no-baseline``.
 
-Usage: ``python bench/cpu_bench.py [--batches 1 8] [--max-tokens 48] [--repeats 3] [--quick] [--out FILE.json]``
+Usage: ``python bench/cpu_bench.py [--batches 1 8] [--max-tokens 48] [--repeats 3] [--kinds ...] [--hf-threads 0 1]
+[--quick] [--out FILE.json] [--engine-args --cpu-threads 2]``
 """
 from __future__ import annotations
 
@@ -54,9 +55,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(port: int, lanes: int) -> subprocess.Popen:
+def _start(port: int, lanes: int, extra: list[str] = ()) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "gpu_engine", "--port", str(port), "--device", "cpu",
-                          "--max-lanes", str(lanes), "--max-seq-len", "1024", "--log-level", "WARNING"],
+                          "--max-lanes", str(lanes), "--max-seq-len", "1024", "--log-level", "WARNING", *extra],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     ready = threading.Event()
@@ -151,15 +152,26 @@ class HFBaseline:
         self.prompt = tok.encode(chat.render([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
         self.eos = set(tok.vocab.eos_ids)
         self.torch = torch
+        self.default_threads = torch.get_num_threads()
 
-    def run(self, b: int, rounds: int, max_tokens: int, seed: int) -> dict:
-        """``rounds`` timed ``generate`` calls of ``b`` rows after one warm-up call."""
+    def run(self, b: int, rounds: int, max_tokens: int, seed: int, threads: int = 0) -> dict:
+        """``rounds`` timed ``generate`` calls of ``b`` rows after one warm-up call, with ``threads`` torch
+        intra-op threads (0 = torch's default, what a user's plain call gets)."""
+        torch = self.torch
+        default_threads = torch.get_num_threads()
+        torch.set_num_threads(threads if threads > 0 else self.default_threads)
+        try:
+            return self._run(b, rounds, max_tokens, seed)
+        finally:
+            torch.set_num_threads(default_threads)
+
+    def _run(self, b: int, rounds: int, max_tokens: int, seed: int) -> dict:
         torch = self.torch
         ids = torch.tensor([self.prompt] * b)
         kw = dict(max_new_tokens=max_tokens, do_sample=True, temperature=0.8, top_k=0, top_p=1.0,
                   pad_token_id=next(iter(self.eos)))
-        with torch.inference_mode():
-            self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        with torch.inference_mode():  # warm-up: allocator and kernels, 8 tokens
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, "max_new_tokens": 8})
             toks = 0
             t0 = time.perf_counter()
             for r in range(rounds):
@@ -168,17 +180,19 @@ class HFBaseline:
                 for row in out[:, len(self.prompt):].tolist():
                     toks += next((j + 1 for j, x in enumerate(row) if x in self.eos), len(row))
             wall = time.perf_counter() - t0
-        return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "requests": rounds * b}
+        return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "requests": rounds * b,
+                "torch_threads": torch.get_num_threads()}
 
 
 def run(args: argparse.Namespace) -> dict:
     from clients.client import NInferClient
 
     port = _free_port()
-    proc = _start(port, max(args.batches))
+    proc = _start(port, max(args.batches), args.engine_args)
     rows = []
     hf = HFBaseline(args.model) if args.baseline else None
-    kinds = ["transformers"] * bool(hf) + list(KINDS)
+    hf_kinds = {("transformers" if n <= 0 else f"transformers_{n}t"): n for n in args.hf_threads} if hf else {}
+    kinds = list(hf_kinds) + [k for k in KINDS if k in args.kinds]
     try:
         with NInferClient(f"127.0.0.1:{port}") as c:
             for kind, constraint in KINDS.items():  # warm-up: compile caches, allocator
@@ -186,32 +200,48 @@ def run(args: argparse.Namespace) -> dict:
             for rep in range(args.repeats):
                 for b in args.batches:
                     for kind in kinds:  # side by side: every kind once per repeat, interleaved
-                        if kind == "transformers":
-                            out = hf.run(b, args.requests_per_lane, args.max_tokens, 7000 + rep)
+                        load0 = os.getloadavg()[0]
+                        if kind in hf_kinds:
+                            out = hf.run(b, args.requests_per_lane, args.max_tokens, 7000 + rep, hf_kinds[kind])
                         else:
                             out = _closed_loop(c, KINDS[kind], b, args.requests_per_lane, args.max_tokens,
                                                100000 * rep)
-                        rows.append({"batch": b, "kind": kind, "repeat": rep, **out})
+                        rows.append({"batch": b, "kind": kind, "repeat": rep, **out,
+                                     "loadavg_1min": [load0, os.getloadavg()[0]]})
                         print(f"batch {b:2d} {kind:14s} rep {rep}: {out['tokens']} tokens in {out['wall_s']:.2f} s "
                               f"= {out['tokens_per_s']:.1f} tok/s", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)
+    return {"rows": rows, "summary": summarise(rows, args.batches, kinds)}
+
+
+def summarise(rows: list[dict], batches: list[int], kinds: list[str]) -> list[dict]:
+    """Per (batch, kind): median tokens/s with its spread, ratio vs unconstrained, and per-repeat ratios vs
+    every transformers variant (``ratio_vs_<variant>``; ``ratio_vs_transformers`` = default threads)."""
     summary = []
-    for b in args.batches:
-        base = statistics.median(r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "unconstrained")
-        hf_tps = [r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "transformers"]
+    for b in batches:
+        unc = [r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == "unconstrained"]
+        base = statistics.median(unc) if unc else None
+        hf = {k: {r["repeat"]: r["tokens_per_s"] for r in rows if r["batch"] == b and r["kind"] == k}
+              for k in kinds if k.startswith("transformers")}
         for kind in kinds:
             sel = [r for r in rows if r["batch"] == b and r["kind"] == kind]
             sp = spread(r["tokens_per_s"] for r in sel)
             row = {"batch": b, "kind": kind, "tokens_per_s": sp["median"], "tokens_per_s_spread": sp,
-                   "ratio_vs_unconstrained": sp["median"] / base,
-                   "ratio_vs_transformers": sp["median"] / statistics.median(hf_tps) if hf_tps else None}
+                   "ratio_vs_unconstrained": sp["median"] / base if base else None,
+                   "ratio_vs_transformers": None, "ratio_vs_transformers_spread": spread([]),
+                   "loadavg_1min_median": statistics.median(x for r in sel for x in r["loadavg_1min"])}
+            # the load of the shared machine drifts: a ratio is the median of per-repeat ratios (each against
+            # the transformers run of the same repeat, measured minutes apart at most)
+            for hk, by_rep in hf.items():
+                per_rep = spread(r["tokens_per_s"] / by_rep[r["repeat"]] for r in sel if r["repeat"] in by_rep)
+                row[f"ratio_vs_{hk}"], row[f"ratio_vs_{hk}_spread"] = per_rep["median"], per_rep
             for key in ("ttft_p50_ms", "itl_p50_ms", "itl_p99_ms"):
                 vals = [r[key] for r in sel if key in r]
                 row[key] = statistics.median(vals) if vals else float("nan")
             summary.append(row)
-    return {"rows": rows, "summary": summary}
+    return summary
 
 
 def main() -> int:
@@ -222,6 +252,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests-per-lane", type=int, default=9,
                     help="measured requests per concurrent lane (9 x 48 tokens = 432 decode steps per lane)")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS),
+                    help="engine variants to run (default: all)")
+    ap.add_argument("--hf-threads", type=int, nargs="+", default=[0],
+                    help="transformers baseline variants by torch intra-op threads (0 = torch's default; "
+                         "e.g. 0 1 adds a one-thread row, the engine's --cpu-threads auto on 2 cores)")
+    ap.add_argument("--engine-args", nargs=argparse.REMAINDER, default=[],
+                    help="extra arguments for `python -m gpu_engine` (last on the line), e.g. --cpu-threads 2")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false",
                     help="skip transformers generate (run side by side by default)")
     ap.add_argument("--quick", action="store_true", help="smoke run: B 1 2, 16 tokens, 2 requests per lane, 2 repeats")
@@ -234,18 +271,24 @@ def main() -> int:
     out = results_path("cpu_bench", "cpu", str(args.out) if args.out else None)
     meta = run_header("cpu", model=f"{args.model} (GGUF dequantised to float32)", max_tokens=args.max_tokens,
                       requests_per_lane=args.requests_per_lane, repeats=args.repeats,
+                      engine_args=args.engine_args, hf_threads=args.hf_threads,
+                      client_torch_default_threads=__import__("torch").get_num_threads(),
                       note="engine: through the public gRPC API and the real sidecar, closed loop (each of B "
                       "client lanes sends its next request when the previous one ends; first request per lane "
                       "is warm-up); tokens/s = completion tokens / wall seconds; transformers: generate() of B "
-                      "rows x requests_per_lane rounds, same weights/prompt/sampling, default cache; medians "
-                      "over repeats, kinds interleaved within each repeat")
+                      "rows x requests_per_lane rounds after an 8-token warm-up call, same weights/prompt/sampling, "
+                      "default cache, torch threads per hf_threads (0 = default); medians over repeats, kinds "
+                      "interleaved within each repeat; ratio_vs_transformers = median over repeats of (kind / "
+                      "transformers at default threads, same repeat); loadavg_1min per row: the machine is "
+                      "shared, read ratios, not absolute tokens/s")
     out.write_text(json.dumps({"meta": meta, **res}, indent=1))
-    print(f"\n{'batch':>5} {'kind':14s} {'tok/s median [min-max]':>24} {'vs unc.':>7} {'vs HF':>6} "
+    print(f"\n{'batch':>5} {'kind':14s} {'tok/s median [min-max]':>24} {'vs unc.':>7} {'vs HF [min-max]':>16} "
           f"{'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'ITL p99 ms':>11}")
     for s in res["summary"]:
-        vs_hf = f"{s['ratio_vs_transformers']:6.2f}" if s["ratio_vs_transformers"] is not None else "     -"
+        vs_hf = fmt_spread(s["ratio_vs_transformers_spread"], "{:.2f}")
+        vs_unc = f"{s['ratio_vs_unconstrained']:7.2f}" if s["ratio_vs_unconstrained"] is not None else "      -"
         print(f"{s['batch']:5d} {s['kind']:14s} {fmt_spread(s['tokens_per_s_spread'], '{:.1f}'):>24} "
-              f"{s['ratio_vs_unconstrained']:7.2f} {vs_hf} {s['ttft_p50_ms']:12.1f} {s['itl_p50_ms']:11.1f} "
+              f"{vs_unc} {vs_hf:>16} {s['ttft_p50_ms']:12.1f} {s['itl_p50_ms']:11.1f} "
               f"{s['itl_p99_ms']:11.1f}")
     print(f"\nwrote {out}")
     try:

@@ -102,12 +102,15 @@ def spec_table(doc: dict) -> str:
 
 def cpu_table(doc: dict) -> str:
     meta = doc.get("meta", {})
-    out = [_provenance(meta), "", "| B | kind | tok/s | vs unconstrained | vs transformers |",
-           "|---:|---|---:|---:|---:|"]
+    one = any("ratio_vs_transformers_1t" in s for s in doc.get("summary", []))  # a 1-thread baseline ran
+    out = [_provenance(meta), "", "| B | kind | tok/s | vs unconstrained | vs transformers (per repeat) | "
+           + "vs transformers 1 thread | " * one + "load avg |", "|---:|---|---:|---:|---:|" + "---:|" * one + "---:|"]
     for s in doc.get("summary", []):
         out.append(f"| {s['batch']} | {s['kind']} | {_spread(s, 'tokens_per_s', '{:,.1f}')} | "
                    f"{_num(s.get('ratio_vs_unconstrained'), '{:.2f}')} | "
-                   f"{_num(s.get('ratio_vs_transformers'), '{:.2f}')} |")
+                   f"{_spread(s, 'ratio_vs_transformers', '{:.2f}')} | "
+                   + (f"{_spread(s, 'ratio_vs_transformers_1t', '{:.2f}')} | " if one else "")
+                   + f"{_num(s.get('loadavg_1min_median'), '{:.1f}')} |")
     return "\n".join(out)
 
 

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="grammar compile deadline, seconds")
     ap.add_argument("--mask-fill-threads", type=int, default=0,
                     help="sidecar threads for the batched mask fill (0 = auto: min(8, CPUs); 1 on 2 CPUs)")
+    ap.add_argument("--cpu-threads", type=int, default=0,
+                    help="torch intra-op threads of a CPU engine (0 = auto: one core left for the constraint "
+                         "sidecar and the RPC threads, i.e. max(1, cores - 1), at most torch's default)")
     ap.add_argument("--prefill-token-budget", type=int, default=4096,
                     help="prompt tokens per batched prefill forward (rows admitted together share it)")
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
@@ -76,6 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def cpu_threads(requested: int = 0) -> int:
+    """Intra-op threads for a CPU engine: ``requested`` if > 0, else ``max(1, cores - 1)`` capped at torch's
+    default. Why one core is left: the engine's forward runs in parallel regions whose threads wait for each
+    other at every op, while on the same cores the sidecar fills masks (overlapped with the forward, by
+    design) and the RPC threads stream tokens; a forward thread preempted by them stalls the whole region.
+    ``cores`` = CPUs this process may run on (``os.sched_getaffinity``)."""
+    import torch
+
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(torch.get_num_threads(), cores - 1))
+
+
 def build_stack(args: argparse.Namespace):
     """Load the model and create ring, sidecar, program and engine (not started)."""
     import torch
@@ -96,6 +113,8 @@ def build_stack(args: argparse.Namespace):
     loaded = load_model(str(path), device=args.device, dtype=dtype, max_lanes=args.max_lanes,
                         max_seq_len=args.max_seq_len)
     loaded.model.set_attention(args.attention)  # before the executor captures its CUDA graphs
+    if loaded.model.device.type == "cpu":
+        torch.set_num_threads(cpu_threads(args.cpu_threads))
     if args.speculative != "none" and args.num_draft_tokens <= 0:
         args.num_draft_tokens = 4
     k = args.num_draft_tokens if args.speculative != "none" else args.num_draft_tokens

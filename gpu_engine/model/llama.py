@@ -28,6 +28,14 @@ from gpu_engine.model.paged_attention import paged_attention_reference, paged_at
 # "triton" = the paged decode kernel for rows of at most TRITON_MAX_T tokens (CUDA default).
 ATTENTION_BACKENDS = ("auto", "reference", "triton")
 TRITON_MAX_T = 16
+# CPU only: a [H, V]-contiguous copy of the LM head serves forwards of at most SMALL_HEAD_ROWS rows
+# (B * T after last_only / logit_index). MKL's float32 GEMM with one or two rows streams a [K, N]
+# matrix about 2x faster than the [N, K] one F.linear hands it (SmolLM2 head, 1 thread: 20 vs 42 ms per
+# call); from four rows up the [N, K] layout is as fast or faster, so larger batches keep it. Both give
+# the same logits (checked bit-identical on SmolLM2; tests/gpu_engine/test_model_random.py). The copy is
+# skipped above SMALL_HEAD_MAX_BYTES (memory) and on CUDA.
+SMALL_HEAD_ROWS = 2
+SMALL_HEAD_MAX_BYTES = 512 << 20
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -110,6 +118,7 @@ class LlamaModel(nn.Module):
         self.embed = param(c.vocab_size, H)
         self.norm = param(H)
         self.lm_head = self.embed if c.tie_word_embeddings else param(c.vocab_size, H)
+        self.lm_head_small: torch.Tensor | None = None  # CPU [H, V] copy (SMALL_HEAD_ROWS), set with weights
         self.layers = nn.ModuleList()
         for _ in range(c.num_layers):
             layer = nn.Module()
@@ -176,6 +185,13 @@ class LlamaModel(nn.Module):
             gu = torch.cat([get(m + "gate_proj.weight").to(self.dtype), get(m + "up_proj.weight").to(self.dtype)], 0)
             put(layer.gate_up, gu, m + "gate_up_proj.weight")
             put(layer.down, get(m + "down_proj.weight"), m + "down_proj.weight")
+        self._refresh_small_head()
+
+    def _refresh_small_head(self) -> None:
+        """(Re)build the CPU small-batch LM-head copy (see ``SMALL_HEAD_ROWS``) after the weights change."""
+        h = self.lm_head
+        small = self.device.type == "cpu" and h.numel() * h.element_size() <= SMALL_HEAD_MAX_BYTES
+        self.lm_head_small = h.detach().t().contiguous() if small else None
 
     @torch.no_grad()
     def init_random(self, seed: int = 0, std: float = 0.02) -> None:
@@ -188,6 +204,7 @@ class LlamaModel(nn.Module):
                 p.zero_()
             else:
                 p.normal_(0.0, std, generator=g)
+        self._refresh_small_head()
 
     def set_attention(self, attention: str) -> None:
         """Choose the attention implementation: ``"auto"`` (= ``"reference"``: gather of the lane's blocks +
@@ -305,6 +322,8 @@ class LlamaModel(nn.Module):
         elif last_only:
             x = x[:, -1:]
         x = rms_norm(x, self.norm, c.rms_norm_eps)
+        if self.lm_head_small is not None and x.shape[0] * x.shape[1] <= SMALL_HEAD_ROWS:
+            return torch.matmul(x, self.lm_head_small).float()
         return F.linear(x, self.lm_head).float()
 
 

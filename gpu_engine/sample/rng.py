@@ -59,6 +59,21 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _mix_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_mix` in place on ``x`` (an int64 tensor the caller owns), with one scratch tensor: the
+    same values, without the ten ``[B, V]`` temporaries of the out-of-place form (the per-token draw of
+    every sampling step runs this over ``B * V`` words; on the CPU the allocations cost as much as the
+    arithmetic)."""
+    t = torch.empty_like(x)
+    for s, m in ((30, _M1), (27, _M2), (31, None)):
+        torch.bitwise_right_shift(x, s, out=t)
+        t.bitwise_and_((1 << (64 - s)) - 1)  # logical shift, as _shr
+        x.bitwise_xor_(t)
+        if m is not None:
+            x.mul_(m)
+    return x
+
+
 def counter_key(
     seed: torch.Tensor, position: torch.Tensor, purpose: int | torch.Tensor
 ) -> torch.Tensor:
@@ -105,8 +120,10 @@ def uniform(
     key = counter_key(seed, position, purpose)
     if vocab_size is None:
         return _bits_to_uniform(_mix(key))
-    tok = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=key.device)
-    return _bits_to_uniform(_mix(key.unsqueeze(-1) + tok * _G))
+    tok = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=key.device).mul_(_G)
+    h = _mix_(key.unsqueeze(-1) + tok)                      # [*S, V], owned: mixed in place
+    h.bitwise_right_shift_(64 - _U_BITS).bitwise_and_((1 << _U_BITS) - 1)  # _shr(h, 64 - _U_BITS)
+    return h.to(torch.float32).add_(0.5).mul_(2.0 ** -_U_BITS)  # as _bits_to_uniform, in place
 
 
 def exponential(
@@ -120,4 +137,4 @@ def exponential(
     Used by the exponential-race form of the Gumbel-max trick:
     ``argmax_i w_i / E_i`` is distributed as ``w / sum(w)`` for ``w >= 0``.
     """
-    return -torch.log(uniform(seed, position, purpose, vocab_size))
+    return uniform(seed, position, purpose, vocab_size).log_().neg_()  # -log(u), in place on a fresh tensor

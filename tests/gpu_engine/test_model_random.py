@@ -88,3 +88,25 @@ def test_llama3_rope_scaling_matches_transformers() -> None:
 
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hc, "cpu")
     assert torch.allclose(rope_inv_freq(cfg).float(), ref.float(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_small_batch_head_matches_the_batched_head(tie: bool) -> None:
+    """CPU forwards of <= SMALL_HEAD_ROWS rows use the [H, V] copy of the LM head: same logits as F.linear
+    over the [V, H] head, and the copy follows reloaded weights."""
+    from gpu_engine.model.llama import SMALL_HEAD_ROWS
+
+    cfg = tiny("llama", tie)
+    m = build_model(cfg, "cpu", torch.float32, max_lanes=4, max_seq_len=32, weights="random", seed=3)
+    assert m.lm_head_small is not None and m.lm_head_small.shape == (cfg.hidden_size, V)
+    m.kv.reserve_all()
+    ids = torch.tensor([[5, 9, 2, 7]] * 4)
+    m(ids, torch.arange(4), torch.zeros(4, dtype=torch.int64))
+    one = m(torch.tensor([[11]]), torch.tensor([2]), torch.tensor([4]))                      # 1 row: the copy
+    m.lm_head_small, saved = None, m.lm_head_small
+    ref = m(torch.tensor([[11]]), torch.tensor([2]), torch.tensor([4]))                      # F.linear
+    m.lm_head_small = saved
+    assert SMALL_HEAD_ROWS >= 1 and (one - ref).abs().max().item() < 1e-5
+    weights = {k: v * 2 for k, v in hf_model(cfg).state_dict().items() if not (tie and k == "lm_head.weight")}
+    m.load_weights(weights)
+    assert torch.equal(m.lm_head_small, m.lm_head.t())
