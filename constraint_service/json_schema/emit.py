@@ -143,6 +143,8 @@ class Emitter:
             lits = []
             for v in node.values:
                 lits.append(json_literal(v))
+                if not node.twins:
+                    continue
                 if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63:
                     lits.append(json_literal(int(v)))
                 elif isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2 ** 53:

@@ -33,6 +33,9 @@ class Union(Node):
 @dataclass(eq=False)
 class Const(Node):
     values: list  # JSON values (already filtered)
+    # also generate the numeric twin of an integral value (1 for 1.0, 1.0 for 1: equal in JSON Schema);
+    # False where a twin is not an instance, e.g. 1.0 under a draft-04 `integer` (issue 13)
+    twins: bool = True
 
 
 @dataclass(eq=False)

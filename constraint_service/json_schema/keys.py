@@ -102,6 +102,105 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     return prune(dfa)
 
 
+MAX_ENUM_KEYS = 64  # a finite class of undeclared keys up to this size is written out key by key
+
+
+def dfa_strings(dfa: DFA, limit: int) -> list[str] | None:
+    """The strings of a pruned DFA's language, sorted, when it is finite with at most `limit` strings;
+    None otherwise (a reachable cycle, or more strings)."""
+    n = len(dfa.trans)
+    if not dfa.accept:
+        return []
+    state = [0] * n  # 0 new, 1 on the stack, 2 done
+    order = []
+    stack = [(0, iter(dfa.trans[0]))]
+    state[0] = 1
+    while stack:
+        s, it = stack[-1]
+        for _, t in it:
+            if state[t] == 1:
+                return None  # cycle: infinitely many strings
+            if state[t] == 0:
+                state[t] = 1
+                stack.append((t, iter(dfa.trans[t])))
+                break
+        else:
+            stack.pop()
+            state[s] = 2
+            order.append(s)
+    count = {}
+    for s in order:  # successors first
+        c = 1 if s in dfa.accept else 0
+        for r, t in dfa.trans[s]:
+            c += cs.size(r) * count[t]
+        if c > limit:
+            return None
+        count[s] = c
+    out = []
+
+    def walk(s, prefix):
+        if s in dfa.accept:
+            out.append(prefix)
+        for r, t in dfa.trans[s]:
+            for lo, hi in r:
+                for cp in range(lo, hi + 1):
+                    walk(t, prefix + chr(cp))
+    walk(0, "")
+    return sorted(out)
+
+
+def key_classes(o: Object):
+    """The classes of undeclared member names of `o`: [(patterns matched, patterns not matched, value
+    node)] for every non-empty patternProperties region and for additionalProperties, skipping NEVER."""
+    pats = tuple(p for p, _ in o.patterns)
+    out = []
+    for idx, node in (o.regions if o.patterns else []):
+        if node is not NEVER:
+            out.append((tuple(pats[i] for i in idx), tuple(p for i, p in enumerate(pats) if i not in idx), node))
+    if o.additional is not NEVER:
+        out.append(((), pats, o.additional))
+    return out
+
+
+def finite_keys(pos: tuple, neg: tuple, names, limit: int = MAX_ENUM_KEYS) -> list[str] | None:
+    """The keys of one class (matching `pos`, not `neg`, none of `names`) when finitely many (at most
+    `limit`), sorted; None when infinite, larger, or past the key automaton limit."""
+    if not pos and not neg:
+        return None  # every undeclared name
+    try:
+        return dfa_strings(lang_dfa(pos, neg, tuple(names), 0, None, MAX_KEY_STATES), limit)
+    except AutomatonLimit:
+        return None
+
+
+def enumerated_keys(o: Object) -> list[tuple]:
+    """[(key, value node)] of the undeclared keys that object_general writes out one by one (the
+    members of finite key classes, sorted), so that no key repeats and member counts are exact;
+    empty for objects without patternProperties."""
+    if not o.patterns:
+        return []
+    names = [k for k, _ in o.props]
+    out = []
+    for pos, neg, node in key_classes(o):
+        keys = finite_keys(pos, neg, names)
+        if keys is not None:
+            out += [(k, node) for k in keys]
+    return sorted(out, key=lambda kv: kv[0])
+
+
+def undeclared_capacity(o: Object, need: int) -> int:
+    """How many distinct undeclared members `o` admits, capped at `need` (so an infinite class costs
+    no more than counting `need` of its keys)."""
+    names = [k for k, _ in o.props]
+    total = 0
+    for pos, neg, _ in key_classes(o):
+        keys = finite_keys(pos, neg, names, need)
+        total += need if keys is None else len(keys)
+        if total >= need:
+            return need
+    return total
+
+
 def _string_rule(em, pos, neg, excluded, min_len, max_len, where, hint="s",
                  max_states: int = MAX_STATES) -> str | None:
     """Rule name of the canonical JSON string (with quotes) of lang_dfa(...); None if empty."""
@@ -130,27 +229,25 @@ def string_general(em, n: String, ptr: str) -> str:
 
 def object_general(em, o: Object, ptr: str) -> str:
     """Object with patternProperties regions and/or minProperties / maxProperties, in the canonical
-    order (declared properties in declared order, then the other members)."""
+    order (declared properties in declared order, then the members of finite key classes in sorted
+    order, then the other members). Only choices that can still complete are offered (no dead ends)."""
     where = o.where or ptr
-    props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
     names = [k for k, _ in o.props]
-    pats = tuple(p for p, _ in o.patterns)
+    props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
+    listed = enumerated_keys(o)
+    props += listed
+    listed_keys = {k for k, _ in listed}
     kv_alts = []
-    for idx, node in (o.regions if o.patterns else []):
-        if node is NEVER:
-            continue
-        pos = tuple(pats[i] for i in idx)
-        neg = tuple(p for i, p in enumerate(pats) if i not in idx)
-        k = _string_rule(em, pos, neg, names, 0, None, where, "pk", MAX_KEY_STATES)
-        if k is not None:
-            kv_alts.append(f'{k} ":" {em.ref(node, ptr)}')
-    if o.additional is not NEVER:
-        if pats:
-            k = _string_rule(em, (), pats, names, 0, None, where, "pk", MAX_KEY_STATES)
+    for pos, neg, node in key_classes(o):
+        if pos or neg:
+            if finite_keys(pos, neg, names) is not None:
+                continue  # written out above
+            k = _string_rule(em, pos, neg, names, 0, None, where, "pk", MAX_KEY_STATES)
         else:
             k = em.key_excluding(names)
         if k is not None:
-            kv_alts.append(f'{k} ":" {em.ref(o.additional, ptr)}')
+            kv_alts.append(f'{k} ":" {em.ref(node, ptr)}')
+    assert not (listed_keys & set(names))
     kv = None
     if kv_alts:
         kv = em.fresh("kv")
@@ -158,7 +255,17 @@ def object_general(em, o: Object, ptr: str) -> str:
     mn, mx = o.min_props, o.max_props
     cap = mx if mx is not None else mn
     n = len(props)
+    avail = [0] * (n + 1)  # members still possible from property i on (declared and listed)
+    req = [0] * (n + 1)    # of which required
+    for i in range(n - 1, -1, -1):
+        avail[i] = avail[i + 1] + 1
+        req[i] = req[i + 1] + (props[i][0] in o.required)
     memo: dict = {}
+
+    def feasible(i: int, c: int) -> bool:
+        if mx is not None and c + req[i] > mx:
+            return False
+        return kv is not None or c + avail[i] >= mn
 
     def tail(c: int, first: bool) -> str:
         need = max(0, mn - c)
@@ -182,10 +289,11 @@ def object_general(em, o: Object, ptr: str) -> str:
         rule = em.fresh("o")
         memo[k] = rule
         alts = []
-        if mx is None or c < mx:
+        nc = min(c + 1, cap) if mx is None else c + 1
+        if (mx is None or c < mx) and feasible(i + 1, nc):
             sep = "" if first else '"," '
-            alts.append(f'{sep}{json_literal(name)} ":" {em.ref(node, ptr)} {S(i + 1, min(c + 1, cap) if mx is None else c + 1, False)}')
-        if name not in o.required:
+            alts.append(f'{sep}{json_literal(name)} ":" {em.ref(node, ptr)} {S(i + 1, nc, False)}')
+        if name not in o.required and feasible(i + 1, c):
             alts.append(S(i + 1, c, first))
         em.add(rule, " | ".join(alts) if alts else "[]")
         return rule

@@ -7,6 +7,7 @@ from ..errors import ConstraintError
 from ..regex import parse_regex, regex_search
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union, json_equal, json_type, resolve)
+from .keys import undeclared_capacity
 from .formats import INTEGER_FORMATS, MAX_LENGTH, STRING_FORMATS, format_pattern
 from .numbers import INT64_MAX, INT64_MIN
 
@@ -500,7 +501,7 @@ class Reducer:
                     kept.append(v)
             if not kept:
                 raise ConstraintError("UnsatisfiableSchema", "no enum/const value satisfies the sibling assertions", where)
-            node = Const(kept)
+            node = Const(kept, self.twins_ok(kept, node))
         return node
 
     def check_value(self, v, ptr, depth):
@@ -580,7 +581,8 @@ class Reducer:
                     if count > MAX_MULTIPLES:
                         self.unsupported(ptr + "/multipleOf", f"multipleOf {mult} over more than {MAX_MULTIPLES} "
                                          "integers is not supported (bound the range)")
-                    return Const(list(range(first, ihi + 1, mult)))
+                    # draft-04: 4.0 is not an `integer`
+                    return Const(list(range(first, ihi + 1, mult)), not (self.draft4 and t == "integer"))
                 return Integer(ilo, ihi)
             if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_ex or hi_ex))):
                 self.never_at(ptr)
@@ -783,6 +785,22 @@ class Reducer:
             return NEVER
         return Const(out)
 
+    def twins_ok(self, vals, node) -> bool:
+        """True when the numeric twin (1 <-> 1.0) of every integral number in `vals` is accepted by
+        `node` too (then a Const of `vals` may generate both spellings)."""
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63:
+                twin = int(v)
+            elif isinstance(v, int) and abs(v) <= 2 ** 53:
+                twin = float(v)
+            else:
+                continue
+            if not self.accepts(node, twin, 0):
+                return False
+        return True
+
     # ---- normalisation -----------------------------------------------------
     def is_never(self, n) -> bool:
         return n is NEVER or (isinstance(n, Union) and not n.alts)
@@ -825,9 +843,14 @@ class Reducer:
         if o.max_props is not None:
             if o.min_props > o.max_props or len(o.required) > o.max_props:
                 return NEVER
-        if o.min_props and self.is_never(o.additional) and not o.patterns:
-            if sum(1 for _, n in o.props if not self.is_never(n)) < o.min_props:
-                return NEVER
+        if o.min_props:
+            declared = sum(1 for _, n in o.props if not self.is_never(n))
+            if declared < o.min_props:
+                if not o.patterns:
+                    if self.is_never(o.additional):
+                        return NEVER
+                elif declared + undeclared_capacity(o, o.min_props - declared) < o.min_props:
+                    return NEVER  # too few distinct keys possible (issue 13: no dead end, no repeated key)
         return o
 
     # ---- intersection ------------------------------------------------------
@@ -861,7 +884,7 @@ class Reducer:
             return self.simplify_union([self.intersect(a, x, ptr) for x in b.alts])
         if isinstance(a, Const):
             kept = [v for v in a.values if self.accepts(b, v, 0)]
-            return Const(kept) if kept else NEVER
+            return Const(kept, a.twins and self.twins_ok(kept, b)) if kept else NEVER
         if isinstance(b, Const):
             return self.intersect(b, a, ptr)
         ta, tb = type(a), type(b)
@@ -958,7 +981,8 @@ class Reducer:
         if isinstance(n, Boolean):
             return jt == "boolean"
         if isinstance(n, Integer):
-            return jt == "integer" and n.lo <= v <= n.hi
+            # draft-04 `integer` excludes numbers written with a fraction (1.0), as `jsonschema` does
+            return jt == "integer" and n.lo <= v <= n.hi and not (self.draft4 and isinstance(v, float))
         if isinstance(n, Number):
             if jt not in ("integer", "number"):
                 return False
