@@ -25,6 +25,27 @@ def _nfa(p: str):
     return build_nfa(search_ast(parse_regex(p, "UnsupportedSchema")))
 
 
+_DONE = frozenset([-1])  # a positive pattern that has matched for good
+
+
+def _universal(nfa, atoms) -> frozenset:
+    """NFA states from which every continuation (over `atoms`, a partition of all code points that
+    refines the NFA's character sets) reaches the final state: the greatest set U of states whose
+    closure holds the final state and which, on every atom, step to a state of U."""
+    clo = [eps_closure(nfa, [q]) for q in range(len(nfa.trans))]
+    u = {q for q in range(len(nfa.trans)) if nfa.final in clo[q]}
+    changed = True
+    while changed:
+        changed = False
+        for q in list(u):
+            for atom in atoms:
+                if not (step(nfa, clo[q], atom[0][0]) & u):
+                    u.discard(q)
+                    changed = True
+                    break
+    return frozenset(u)
+
+
 def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int | None = None,
              max_states: int = MAX_STATES) -> DFA:
     """DFA (code points, start state 0) of the strings matching every pattern in `pos` (search
@@ -59,7 +80,16 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     atoms = [cs.intersect(a, cs.ANY) for a in atoms]
     atoms = [a for a in atoms if a]
     cap = max_len if max_len is not None else min_len
-    start = (tuple(eps_closure(n, [n.start]) for n in pn), tuple(eps_closure(n, [n.start]) for n in nn), 0, 0)
+    # states from which every continuation matches (a search pattern already found): a positive
+    # pattern there is satisfied for good (one marker state), a negative one kills the string; without
+    # this the product keeps tracking the NFA positions of matched patterns (many dead states)
+    pu = [_universal(n, atoms) for n in pn]
+    nu = [_universal(n, atoms) for n in nn]
+
+    def norm_pos(sets):
+        return tuple(_DONE if (s is _DONE or s & u) else s for s, u in zip(sets, pu))
+
+    start = (norm_pos(tuple(eps_closure(n, [n.start]) for n in pn)), tuple(eps_closure(n, [n.start]) for n in nn), 0, 0)
     index = {start: 0}
     order = [start]
     dfa = DFA()
@@ -67,7 +97,10 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     i = 0
     while i < len(order):
         ps, ns, tnode, cnt = order[i]
-        if (all(n.final in s for n, s in zip(pn, ps)) and not any(n.final in s for n, s in zip(nn, ns))
+        if any(s & u for s, u in zip(ns, nu)):
+            i += 1
+            continue  # a forbidden pattern matched: no string through here is in the language
+        if (all(s is _DONE or n.final in s for n, s in zip(pn, ps)) and not any(n.final in s for n, s in zip(nn, ns))
                 and tnode not in ends and cnt >= min_len):
             dfa.accept.add(i)
         if max_len is None or cnt < max_len:
@@ -78,6 +111,9 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
                 nps = []
                 dead = False
                 for n, s in zip(pn, ps):
+                    if s is _DONE:
+                        nps.append(s)
+                        continue
                     t = step(n, s, cp)
                     if not t:
                         dead = True
@@ -87,7 +123,7 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
                     continue
                 nns = tuple(step(n, s, cp) if s else s for n, s in zip(nn, ns))
                 nt = trie[tnode].get(cp, -1) if tnode >= 0 and len(atom) == 1 and atom[0][0] == atom[0][1] else -1
-                key = (tuple(nps), nns, nt, ncnt)
+                key = (norm_pos(nps), nns, nt, ncnt)
                 j = index.get(key)
                 if j is None:
                     j = len(order)

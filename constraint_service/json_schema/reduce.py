@@ -31,7 +31,7 @@ CONTAINERS = {"$defs", "definitions"}
 IDENTITY = {"$schema", "$id", "id", "$vocabulary"}
 # assertions (in some draft) that the contract cannot enforce exactly: located rejections
 UNSUPPORTED = {
-    "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
+    "contains", "minContains", "maxContains", "propertyNames",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
     "$recursiveAnchor",
 }
@@ -44,7 +44,8 @@ TYPE_KW = {
                "maxProperties", "dependencies", "dependentRequired", "dependentSchemas"},
 }
 ASSERTIONS = set().union(*TYPE_KW.values()) | {"type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not",
-                                               "format"}
+                                               "format", "if", "then", "else"}
+MAX_COMPLEMENT_DEPTH = 8   # `not` / oneOf / if: nesting of complemented object properties
 # dialects (issue 13): $schema URI fragment -> name; `legacy` drafts (4, 6, 7) take `items` arrays with
 # `additionalItems` and ignore the siblings of `$ref`
 DIALECTS = (("json-schema.org/draft-04/schema", "draft4"), ("json-schema.org/draft-06/schema", "draft6"),
@@ -96,6 +97,7 @@ class Reducer:
         self.inter_memo: dict = {}
         self.anchors: dict[str, str] = {}
         self.pending_oneof: list = []
+        self.comp_depth = 0
 
     def check_oneof(self):
         """Every oneOf must have pairwise provably exclusive branches (else UnsupportedSchema at it)."""
@@ -285,6 +287,10 @@ class Reducer:
                 node = self.intersect(node, Union(branches), cp)
             else:
                 parts = [self.intersect(node, b, f"{cp}/{i}") for i, b in enumerate(branches)]
+                exact = self.oneof_exact(branches, parts, cp)
+                if exact is not None:
+                    node = exact
+                    continue
                 live = [p for p in parts if not self.is_never(p)]
                 # proven after the whole document is reduced, when every referenced definition
                 # (including ones still being built here, under recursion) is complete
@@ -295,7 +301,58 @@ class Reducer:
             neg = self.translate(s["not"], ptr + "/not")
             comp = self.complement(neg, ptr + "/not")
             node = self.intersect(node, comp, ptr + "/not")
+        if "if" in s and self.dialect not in ("draft4", "draft6"):  # draft-07 and later (annotations before)
+            node = self.conditional(s, ptr, node)
         return node
+
+    # ---- oneOf and if/then/else by complements (issue 13) ------------------------------
+    def oneof_exact(self, branches, parts, cp):
+        """oneOf whose branches are not (yet) provably exclusive, exactly, as the union over i of
+        branch i and the complement of every other branch, where those complements are representable.
+        None when the branches are already provably exclusive or a complement is not representable
+        (then the oneOf is checked for exclusivity after the reduction, as before)."""
+        import itertools
+        live = [i for i, p in enumerate(parts) if not self.is_never(p)]
+        if len(live) < 2:
+            return None
+        try:
+            if all(self.disjoint(parts[i], parts[j], 0) for i, j in itertools.combinations(live, 2)):
+                return None
+        except ConstraintError:
+            return None
+        saved = (self.never_reason, self.merges)
+        try:
+            comps = {j: self.complement(branches[j], f"{cp}/{j}") for j in live}
+            out = []
+            for i in live:
+                n = parts[i]
+                for j in live:
+                    if j != i:
+                        n = self.intersect(n, comps[j], f"{cp}/{i}")
+                out.append(n)
+            return self.simplify_union(out)
+        except ConstraintError as e:
+            if e.kind != "UnsupportedSchema":
+                raise
+            self.never_reason, self.merges = saved
+            return None
+
+    def conditional(self, s, ptr, node):
+        """if/then/else (draft-07 and later): (if AND then) OR (NOT if AND else); `then` alone is
+        NOT if OR then, `else` alone is if OR else (no complement needed)."""
+        cond = self.translate(s["if"], ptr + "/if")
+        then = self.translate(s["then"], ptr + "/then") if "then" in s else ANY
+        els = self.translate(s["else"], ptr + "/else") if "else" in s else ANY
+        if then is ANY and els is ANY:
+            return node
+        if then is ANY:
+            return self.intersect(node, self.simplify_union([cond, els]), ptr + "/else")
+        comp = self.complement(cond, ptr + "/if")
+        if els is ANY:
+            return self.intersect(node, self.simplify_union([comp, then]), ptr + "/then")
+        yes = self.intersect(cond, then, ptr + "/then")
+        no = self.intersect(comp, els, ptr + "/else")
+        return self.intersect(node, self.simplify_union([yes, no]), ptr + "/if")
 
     # ---- dependencies (issue 13) --------------------------------------------------
     def dependencies(self, s, ptr, node):
@@ -432,14 +489,40 @@ class Reducer:
                 self.unsupported(ptr, "not over array constraints is not supported")
             return []
         if t == "object":
-            if consts or len(others) != 1:
+            if consts:
                 self.unsupported(ptr, "not over object values is not supported")
-            p = others[0]
-            if (p.additional is not ANY or p.patterns or p.min_props or p.max_props is not None
-                    or any(resolve(v) is not ANY for _, v in p.props)):
-                self.unsupported(ptr, "not over object constraints other than `required` is not supported")
-            return [Object([(r, NEVER)], (), ANY) for r in p.required]
+            # NOT (A OR B) = NOT A AND NOT B
+            res = self.simplify_union(self._object_complement(others[0], ptr))
+            for p in others[1:]:
+                res = self.intersect(res, self.simplify_union(self._object_complement(p, ptr)), ptr)
+            return [] if self.is_never(res) else [res]
         raise AssertionError(t)
+
+    def _object_complement(self, p: Object, ptr) -> list:
+        """Objects that fail `p`: a required name missing, a declared property present with a value
+        outside its schema, too few / too many members. Exact; UnsupportedSchema for patternProperties
+        and additionalProperties (an undeclared member outside a schema is not representable)."""
+        if p.additional is not ANY or p.patterns:
+            self.unsupported(ptr, "not over patternProperties / additionalProperties is not supported")
+        res = [Object([(r, NEVER)], (), ANY) for r in p.required]
+        if p.min_props:
+            res.append(Object([], (), ANY, [], 0, p.min_props - 1))
+        if p.max_props is not None:
+            res.append(Object([], (), ANY, [], p.max_props + 1, None))
+        if any(resolve(v) is not ANY for _, v in p.props):
+            if self.comp_depth >= MAX_COMPLEMENT_DEPTH:
+                self.unsupported(ptr, f"not over objects nested deeper than {MAX_COMPLEMENT_DEPTH} is not supported")
+            self.comp_depth += 1
+            try:
+                for name, v in p.props:
+                    if resolve(v) is ANY:
+                        continue
+                    c = self.complement(v, ptr)
+                    if not self.is_never(c):
+                        res.append(Object([(name, c)], (name,), ANY))
+            finally:
+                self.comp_depth -= 1
+        return res
 
     def _num(self, s, k, ptr):
         v = s[k]
@@ -500,7 +583,10 @@ class Reducer:
                 if self.accepts(node, v, 0) and not any(json_equal(v, k) for k in kept):
                     kept.append(v)
             if not kept:
-                raise ConstraintError("UnsatisfiableSchema", "no enum/const value satisfies the sibling assertions", where)
+                # no value: an empty schema (an optional property that must then be absent, a branch
+                # that drops out); UnsatisfiableSchema at `where` only if the whole schema is empty
+                self.never_at(where)
+                return NEVER
             node = Const(kept, self.twins_ok(kept, node))
         return node
 
