@@ -397,10 +397,20 @@ class Reducer:
             return ANY
         if isinstance(n, Ref):
             self.unsupported(ptr, "not over a recursive reference is not supported")
-        alts = n.alts if isinstance(n, Union) else [n]
+        alts = []
+        stack = [n]
+        while stack:  # nested unions (anyOf inside anyOf, references to unions) flattened
+            a = resolve(stack.pop())
+            if isinstance(a, Union):
+                if len(alts) + len(stack) > 4096:
+                    self.unsupported(ptr, "not over a union of more than 4096 schemas is not supported")
+                stack.extend(reversed(a.alts))
+            else:
+                alts.append(a)
         by = {t: [] for t in ("null", "boolean", "number", "string", "array", "object")}
         for a in alts:
-            a = resolve(a)
+            if a is NEVER:
+                continue
             if a is ANY:
                 return NEVER
             if isinstance(a, Ref) or isinstance(a, Union):
@@ -429,6 +439,8 @@ class Reducer:
         type t), or [] when parts cover the whole type."""
         consts = [p.values[0] for p in parts if isinstance(p, Const)]
         others = [p for p in parts if not isinstance(p, Const)]
+        if any(self._whole_type(p) for p in others):
+            return []  # one part covers the whole type (e.g. a branch without assertions on it)
         if t == "null":
             return []
         if t == "boolean":
@@ -497,6 +509,22 @@ class Reducer:
                 res = self.intersect(res, self.simplify_union(self._object_complement(p, ptr)), ptr)
             return [] if self.is_never(res) else [res]
         raise AssertionError(t)
+
+    @staticmethod
+    def _whole_type(p) -> bool:
+        """True when node p admits every value of its JSON type."""
+        if isinstance(p, (Null, Boolean)):
+            return True
+        if isinstance(p, Number):
+            return p.lo is None and p.hi is None
+        if isinstance(p, String):
+            return not p.min_len and p.max_len is None and not p.patterns and not p.neg_patterns
+        if isinstance(p, Array):
+            return not p.prefix and p.items is ANY and not p.min_items and p.max_items is None
+        if isinstance(p, Object):
+            return (p.additional is ANY and not p.patterns and not p.required and not p.min_props
+                    and p.max_props is None and all(resolve(v) is ANY for _, v in p.props))
+        return False
 
     def _object_complement(self, p: Object, ptr) -> list:
         """Objects that fail `p`: a required name missing, a declared property present with a value
