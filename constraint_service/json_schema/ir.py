@@ -120,6 +120,12 @@ def resolve(n: Node) -> Node:
     return n
 
 
+def is_empty(n: Node) -> bool:
+    """True when `n` (through finished references) admits no value: NEVER or a union of nothing."""
+    n = resolve(n)
+    return n is NEVER or (isinstance(n, Union) and not n.alts)
+
+
 def json_type(v) -> str:
     if v is None:
         return "null"

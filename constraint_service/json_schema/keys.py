@@ -14,7 +14,7 @@ from ..errors import ConstraintError
 from ..regex import AutomatonLimit, build_nfa, charset as cs, dfa_to_rules, parse_regex, search_ast
 from ..regex.automaton import DFA, eps_closure, nfa_charsets, prune, step
 from ..regex.ebnf import json_literal, repeat
-from .ir import NEVER, Object, String
+from .ir import NEVER, Object, String, is_empty
 
 MAX_STATES = 65_536
 MAX_KEY_STATES = 4_096  # one key class of patternProperties (built in pure Python: keep it quick)
@@ -191,9 +191,9 @@ def key_classes(o: Object):
     pats = tuple(p for p, _ in o.patterns)
     out = []
     for idx, node in (o.regions if o.patterns else []):
-        if node is not NEVER:
+        if not is_empty(node):
             out.append((tuple(pats[i] for i in idx), tuple(p for i, p in enumerate(pats) if i not in idx), node))
-    if o.additional is not NEVER:
+    if not is_empty(o.additional):
         out.append(((), pats, o.additional))
     return out
 
@@ -269,7 +269,7 @@ def object_general(em, o: Object, ptr: str) -> str:
     order, then the other members). Only choices that can still complete are offered (no dead ends)."""
     where = o.where or ptr
     names = [k for k, _ in o.props]
-    props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
+    props = [(k, v) for k, v in o.props if not is_empty(v) or k in o.required]
     listed = enumerated_keys(o)
     props += listed
     listed_keys = {k for k, _ in listed}

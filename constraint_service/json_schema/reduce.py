@@ -6,7 +6,7 @@ import math
 from ..errors import ConstraintError
 from ..regex import parse_regex, regex_search
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
-                 String, Union, json_equal, json_type, resolve)
+                 String, Union, is_empty, json_equal, json_type, resolve)
 from .keys import undeclared_capacity
 from .formats import INTEGER_FORMATS, MAX_LENGTH, STRING_FORMATS, format_pattern
 from .numbers import INT64_MAX, INT64_MIN
@@ -917,7 +917,7 @@ class Reducer:
 
     # ---- normalisation -----------------------------------------------------
     def is_never(self, n) -> bool:
-        return n is NEVER or (isinstance(n, Union) and not n.alts)
+        return is_empty(n)  # through finished references too (a property whose $ref is empty)
 
     def simplify_union(self, alts) -> Node:
         flat = []

@@ -77,3 +77,18 @@ def test_draft4_integer_enum_has_no_fraction_twin():
     # a number enum keeps both spellings (1.0 == 1 in every draft), and so does draft-07 `integer`
     check({"$schema": d4, "type": "number", "enum": [1]}, ["1", "1.0"], ["2"])
     check({"$schema": "http://json-schema.org/draft-07/schema#", "type": "integer", "enum": [1]}, ["1", "1.0"], ["2"])
+
+
+def test_property_referencing_an_empty_schema_must_be_absent():
+    """Github_medium---o4179 (fuzz dead end at a run of this branch): properties `$ref` a definition
+    that is `not` every type; the emitter dropped only properties that were NEVER themselves, so
+    `{"JumpDist":` was offered and could not be completed. Empty through references now counts."""
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#",
+              "definitions": {"disallowed": {"not": {"type": ["array", "boolean", "integer", "number", "null",
+                                                              "object", "string"]}}},
+              "type": "object", "additionalProperties": False,
+              "properties": {"a": {"$ref": "#/definitions/disallowed"}, "b": {"type": "string"},
+                             "c": {"type": "array", "items": {"$ref": "#/definitions/disallowed"}}},
+              "required": ["b"]}
+    check(schema, ['{"b":"x"}', '{"b":"x","c":[]}'], ['{"a":1,"b":"x"}', '{"b":"x","c":[1]}', "{}"])
+    assert walk_schema(schema, walks=40) > 0
