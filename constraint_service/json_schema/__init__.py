@@ -131,6 +131,7 @@ def canonicalize(schema, value):
     integral float at an integer-only position written as an integer (the generation form of `integer` is
     a signed 64-bit integer literal, so the instance 1.0 is generated as 1)."""
     from .ir import Array, Const, Integer, Object, Union, json_equal
+    from .keys import enumerated_keys
     try:
         r = _reducer(schema, "annotate")
         draft4 = r.draft4
@@ -164,7 +165,10 @@ def canonicalize(schema, value):
             return int(v)
         if isinstance(v, dict) and isinstance(n, Object):
             d = dict(n.props)
-            keys = [k for k, _ in n.props if k in v] + [k for k in v if k not in d]
+            # members of finite undeclared key classes are generated after the declared ones, sorted
+            listed = [k for k, _ in enumerated_keys(n) if k in v]
+            keys = ([k for k, _ in n.props if k in v] + listed
+                    + [k for k in v if k not in d and k not in listed])
             return {k: canon(r.prop_schema(n, k), v[k], depth + 1) for k in keys}
         if isinstance(v, list) and isinstance(n, Array):
             return [canon(n.prefix[i] if i < len(n.prefix) else n.items, x, depth + 1) for i, x in enumerate(v)]

@@ -6,7 +6,7 @@ from ..errors import ConstraintError
 from ..regex.ebnf import JSON_PLAIN, _cp, class_text, json_literal, repeat
 from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
                      parse_regex, product_dfa, search_ast)
-from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
+from .ir import (ANY, NEVER, is_empty, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union)
 from .keys import object_general, string_general
 from .numbers import JSON_NUMBER, NumberBoundError, decimal_range, int_range
@@ -143,6 +143,8 @@ class Emitter:
             lits = []
             for v in node.values:
                 lits.append(json_literal(v))
+                if not node.twins:
+                    continue
                 if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63:
                     lits.append(json_literal(int(v)))
                 elif isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2 ** 53:
@@ -276,7 +278,7 @@ class Emitter:
     def array(self, a: Array, ptr: str) -> str:
         p = len(a.prefix)
         mn, mx = a.min_items, a.max_items
-        item = self.ref(a.items, ptr) if not (a.items is NEVER) else None
+        item = self.ref(a.items, ptr) if not is_empty(a.items) else None
 
         def tail_from(i: int) -> str:
             """After i >= 1 elements: the rest (each element preceded by a comma)."""
@@ -345,9 +347,9 @@ class Emitter:
     def object(self, o: Object, ptr: str) -> str:
         if o.patterns or o.min_props or o.max_props is not None:  # issue 13: json_schema/keys.py
             return object_general(self, o, ptr)
-        props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
+        props = [(k, v) for k, v in o.props if not is_empty(v) or k in o.required]
         all_names = [k for k, _ in o.props]
-        has_add = o.additional is not NEVER
+        has_add = not is_empty(o.additional)
         kv_add = None
         if has_add:
             kv_add = self.fresh("kv")

@@ -33,6 +33,9 @@ class Union(Node):
 @dataclass(eq=False)
 class Const(Node):
     values: list  # JSON values (already filtered)
+    # also generate the numeric twin of an integral value (1 for 1.0, 1.0 for 1: equal in JSON Schema);
+    # False where a twin is not an instance, e.g. 1.0 under a draft-04 `integer` (issue 13)
+    twins: bool = True
 
 
 @dataclass(eq=False)
@@ -115,6 +118,12 @@ def resolve(n: Node) -> Node:
         if seen > 1000:
             break
     return n
+
+
+def is_empty(n: Node) -> bool:
+    """True when `n` (through finished references) admits no value: NEVER or a union of nothing."""
+    n = resolve(n)
+    return n is NEVER or (isinstance(n, Union) and not n.alts)
 
 
 def json_type(v) -> str:

@@ -14,7 +14,7 @@ from ..errors import ConstraintError
 from ..regex import AutomatonLimit, build_nfa, charset as cs, dfa_to_rules, parse_regex, search_ast
 from ..regex.automaton import DFA, eps_closure, nfa_charsets, prune, step
 from ..regex.ebnf import json_literal, repeat
-from .ir import NEVER, Object, String
+from .ir import NEVER, Object, String, is_empty
 
 MAX_STATES = 65_536
 MAX_KEY_STATES = 4_096  # one key class of patternProperties (built in pure Python: keep it quick)
@@ -23,6 +23,27 @@ MAX_LEN_BOUND = 8_192
 
 def _nfa(p: str):
     return build_nfa(search_ast(parse_regex(p, "UnsupportedSchema")))
+
+
+_DONE = frozenset([-1])  # a positive pattern that has matched for good
+
+
+def _universal(nfa, atoms) -> frozenset:
+    """NFA states from which every continuation (over `atoms`, a partition of all code points that
+    refines the NFA's character sets) reaches the final state: the greatest set U of states whose
+    closure holds the final state and which, on every atom, step to a state of U."""
+    clo = [eps_closure(nfa, [q]) for q in range(len(nfa.trans))]
+    u = {q for q in range(len(nfa.trans)) if nfa.final in clo[q]}
+    changed = True
+    while changed:
+        changed = False
+        for q in list(u):
+            for atom in atoms:
+                if not (step(nfa, clo[q], atom[0][0]) & u):
+                    u.discard(q)
+                    changed = True
+                    break
+    return frozenset(u)
 
 
 def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int | None = None,
@@ -59,7 +80,16 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     atoms = [cs.intersect(a, cs.ANY) for a in atoms]
     atoms = [a for a in atoms if a]
     cap = max_len if max_len is not None else min_len
-    start = (tuple(eps_closure(n, [n.start]) for n in pn), tuple(eps_closure(n, [n.start]) for n in nn), 0, 0)
+    # states from which every continuation matches (a search pattern already found): a positive
+    # pattern there is satisfied for good (one marker state), a negative one kills the string; without
+    # this the product keeps tracking the NFA positions of matched patterns (many dead states)
+    pu = [_universal(n, atoms) for n in pn]
+    nu = [_universal(n, atoms) for n in nn]
+
+    def norm_pos(sets):
+        return tuple(_DONE if (s is _DONE or s & u) else s for s, u in zip(sets, pu))
+
+    start = (norm_pos(tuple(eps_closure(n, [n.start]) for n in pn)), tuple(eps_closure(n, [n.start]) for n in nn), 0, 0)
     index = {start: 0}
     order = [start]
     dfa = DFA()
@@ -67,7 +97,10 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     i = 0
     while i < len(order):
         ps, ns, tnode, cnt = order[i]
-        if (all(n.final in s for n, s in zip(pn, ps)) and not any(n.final in s for n, s in zip(nn, ns))
+        if any(s & u for s, u in zip(ns, nu)):
+            i += 1
+            continue  # a forbidden pattern matched: no string through here is in the language
+        if (all(s is _DONE or n.final in s for n, s in zip(pn, ps)) and not any(n.final in s for n, s in zip(nn, ns))
                 and tnode not in ends and cnt >= min_len):
             dfa.accept.add(i)
         if max_len is None or cnt < max_len:
@@ -78,6 +111,9 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
                 nps = []
                 dead = False
                 for n, s in zip(pn, ps):
+                    if s is _DONE:
+                        nps.append(s)
+                        continue
                     t = step(n, s, cp)
                     if not t:
                         dead = True
@@ -87,7 +123,7 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
                     continue
                 nns = tuple(step(n, s, cp) if s else s for n, s in zip(nn, ns))
                 nt = trie[tnode].get(cp, -1) if tnode >= 0 and len(atom) == 1 and atom[0][0] == atom[0][1] else -1
-                key = (tuple(nps), nns, nt, ncnt)
+                key = (norm_pos(nps), nns, nt, ncnt)
                 j = index.get(key)
                 if j is None:
                     j = len(order)
@@ -100,6 +136,105 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
             dfa.trans[i] = [(cs.normalize(r), j) for j, r in by_target.items()]
         i += 1
     return prune(dfa)
+
+
+MAX_ENUM_KEYS = 64  # a finite class of undeclared keys up to this size is written out key by key
+
+
+def dfa_strings(dfa: DFA, limit: int) -> list[str] | None:
+    """The strings of a pruned DFA's language, sorted, when it is finite with at most `limit` strings;
+    None otherwise (a reachable cycle, or more strings)."""
+    n = len(dfa.trans)
+    if not dfa.accept:
+        return []
+    state = [0] * n  # 0 new, 1 on the stack, 2 done
+    order = []
+    stack = [(0, iter(dfa.trans[0]))]
+    state[0] = 1
+    while stack:
+        s, it = stack[-1]
+        for _, t in it:
+            if state[t] == 1:
+                return None  # cycle: infinitely many strings
+            if state[t] == 0:
+                state[t] = 1
+                stack.append((t, iter(dfa.trans[t])))
+                break
+        else:
+            stack.pop()
+            state[s] = 2
+            order.append(s)
+    count = {}
+    for s in order:  # successors first
+        c = 1 if s in dfa.accept else 0
+        for r, t in dfa.trans[s]:
+            c += cs.size(r) * count[t]
+        if c > limit:
+            return None
+        count[s] = c
+    out = []
+
+    def walk(s, prefix):
+        if s in dfa.accept:
+            out.append(prefix)
+        for r, t in dfa.trans[s]:
+            for lo, hi in r:
+                for cp in range(lo, hi + 1):
+                    walk(t, prefix + chr(cp))
+    walk(0, "")
+    return sorted(out)
+
+
+def key_classes(o: Object):
+    """The classes of undeclared member names of `o`: [(patterns matched, patterns not matched, value
+    node)] for every non-empty patternProperties region and for additionalProperties, skipping NEVER."""
+    pats = tuple(p for p, _ in o.patterns)
+    out = []
+    for idx, node in (o.regions if o.patterns else []):
+        if not is_empty(node):
+            out.append((tuple(pats[i] for i in idx), tuple(p for i, p in enumerate(pats) if i not in idx), node))
+    if not is_empty(o.additional):
+        out.append(((), pats, o.additional))
+    return out
+
+
+def finite_keys(pos: tuple, neg: tuple, names, limit: int = MAX_ENUM_KEYS) -> list[str] | None:
+    """The keys of one class (matching `pos`, not `neg`, none of `names`) when finitely many (at most
+    `limit`), sorted; None when infinite, larger, or past the key automaton limit."""
+    if not pos and not neg:
+        return None  # every undeclared name
+    try:
+        return dfa_strings(lang_dfa(pos, neg, tuple(names), 0, None, MAX_KEY_STATES), limit)
+    except AutomatonLimit:
+        return None
+
+
+def enumerated_keys(o: Object) -> list[tuple]:
+    """[(key, value node)] of the undeclared keys that object_general writes out one by one (the
+    members of finite key classes, sorted), so that no key repeats and member counts are exact;
+    empty for objects without patternProperties."""
+    if not o.patterns:
+        return []
+    names = [k for k, _ in o.props]
+    out = []
+    for pos, neg, node in key_classes(o):
+        keys = finite_keys(pos, neg, names)
+        if keys is not None:
+            out += [(k, node) for k in keys]
+    return sorted(out, key=lambda kv: kv[0])
+
+
+def undeclared_capacity(o: Object, need: int) -> int:
+    """How many distinct undeclared members `o` admits, capped at `need` (so an infinite class costs
+    no more than counting `need` of its keys)."""
+    names = [k for k, _ in o.props]
+    total = 0
+    for pos, neg, _ in key_classes(o):
+        keys = finite_keys(pos, neg, names, need)
+        total += need if keys is None else len(keys)
+        if total >= need:
+            return need
+    return total
 
 
 def _string_rule(em, pos, neg, excluded, min_len, max_len, where, hint="s",
@@ -130,27 +265,25 @@ def string_general(em, n: String, ptr: str) -> str:
 
 def object_general(em, o: Object, ptr: str) -> str:
     """Object with patternProperties regions and/or minProperties / maxProperties, in the canonical
-    order (declared properties in declared order, then the other members)."""
+    order (declared properties in declared order, then the members of finite key classes in sorted
+    order, then the other members). Only choices that can still complete are offered (no dead ends)."""
     where = o.where or ptr
-    props = [(k, v) for k, v in o.props if not (v is NEVER) or k in o.required]
     names = [k for k, _ in o.props]
-    pats = tuple(p for p, _ in o.patterns)
+    props = [(k, v) for k, v in o.props if not is_empty(v) or k in o.required]
+    listed = enumerated_keys(o)
+    props += listed
+    listed_keys = {k for k, _ in listed}
     kv_alts = []
-    for idx, node in (o.regions if o.patterns else []):
-        if node is NEVER:
-            continue
-        pos = tuple(pats[i] for i in idx)
-        neg = tuple(p for i, p in enumerate(pats) if i not in idx)
-        k = _string_rule(em, pos, neg, names, 0, None, where, "pk", MAX_KEY_STATES)
-        if k is not None:
-            kv_alts.append(f'{k} ":" {em.ref(node, ptr)}')
-    if o.additional is not NEVER:
-        if pats:
-            k = _string_rule(em, (), pats, names, 0, None, where, "pk", MAX_KEY_STATES)
+    for pos, neg, node in key_classes(o):
+        if pos or neg:
+            if finite_keys(pos, neg, names) is not None:
+                continue  # written out above
+            k = _string_rule(em, pos, neg, names, 0, None, where, "pk", MAX_KEY_STATES)
         else:
             k = em.key_excluding(names)
         if k is not None:
-            kv_alts.append(f'{k} ":" {em.ref(o.additional, ptr)}')
+            kv_alts.append(f'{k} ":" {em.ref(node, ptr)}')
+    assert not (listed_keys & set(names))
     kv = None
     if kv_alts:
         kv = em.fresh("kv")
@@ -158,7 +291,17 @@ def object_general(em, o: Object, ptr: str) -> str:
     mn, mx = o.min_props, o.max_props
     cap = mx if mx is not None else mn
     n = len(props)
+    avail = [0] * (n + 1)  # members still possible from property i on (declared and listed)
+    req = [0] * (n + 1)    # of which required
+    for i in range(n - 1, -1, -1):
+        avail[i] = avail[i + 1] + 1
+        req[i] = req[i + 1] + (props[i][0] in o.required)
     memo: dict = {}
+
+    def feasible(i: int, c: int) -> bool:
+        if mx is not None and c + req[i] > mx:
+            return False
+        return kv is not None or c + avail[i] >= mn
 
     def tail(c: int, first: bool) -> str:
         need = max(0, mn - c)
@@ -182,10 +325,11 @@ def object_general(em, o: Object, ptr: str) -> str:
         rule = em.fresh("o")
         memo[k] = rule
         alts = []
-        if mx is None or c < mx:
+        nc = min(c + 1, cap) if mx is None else c + 1
+        if (mx is None or c < mx) and feasible(i + 1, nc):
             sep = "" if first else '"," '
-            alts.append(f'{sep}{json_literal(name)} ":" {em.ref(node, ptr)} {S(i + 1, min(c + 1, cap) if mx is None else c + 1, False)}')
-        if name not in o.required:
+            alts.append(f'{sep}{json_literal(name)} ":" {em.ref(node, ptr)} {S(i + 1, nc, False)}')
+        if name not in o.required and feasible(i + 1, c):
             alts.append(S(i + 1, c, first))
         em.add(rule, " | ".join(alts) if alts else "[]")
         return rule

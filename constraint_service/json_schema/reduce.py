@@ -6,7 +6,8 @@ import math
 from ..errors import ConstraintError
 from ..regex import parse_regex, regex_search
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
-                 String, Union, json_equal, json_type, resolve)
+                 String, Union, is_empty, json_equal, json_type, resolve)
+from .keys import undeclared_capacity
 from .formats import INTEGER_FORMATS, MAX_LENGTH, STRING_FORMATS, format_pattern
 from .numbers import INT64_MAX, INT64_MIN
 
@@ -30,7 +31,7 @@ CONTAINERS = {"$defs", "definitions"}
 IDENTITY = {"$schema", "$id", "id", "$vocabulary"}
 # assertions (in some draft) that the contract cannot enforce exactly: located rejections
 UNSUPPORTED = {
-    "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
+    "contains", "minContains", "maxContains", "propertyNames",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
     "$recursiveAnchor",
 }
@@ -43,7 +44,8 @@ TYPE_KW = {
                "maxProperties", "dependencies", "dependentRequired", "dependentSchemas"},
 }
 ASSERTIONS = set().union(*TYPE_KW.values()) | {"type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not",
-                                               "format"}
+                                               "format", "if", "then", "else"}
+MAX_COMPLEMENT_DEPTH = 8   # `not` / oneOf / if: nesting of complemented object properties
 # dialects (issue 13): $schema URI fragment -> name; `legacy` drafts (4, 6, 7) take `items` arrays with
 # `additionalItems` and ignore the siblings of `$ref`
 DIALECTS = (("json-schema.org/draft-04/schema", "draft4"), ("json-schema.org/draft-06/schema", "draft6"),
@@ -95,6 +97,7 @@ class Reducer:
         self.inter_memo: dict = {}
         self.anchors: dict[str, str] = {}
         self.pending_oneof: list = []
+        self.comp_depth = 0
 
     def check_oneof(self):
         """Every oneOf must have pairwise provably exclusive branches (else UnsupportedSchema at it)."""
@@ -284,6 +287,10 @@ class Reducer:
                 node = self.intersect(node, Union(branches), cp)
             else:
                 parts = [self.intersect(node, b, f"{cp}/{i}") for i, b in enumerate(branches)]
+                exact = self.oneof_exact(branches, parts, cp)
+                if exact is not None:
+                    node = exact
+                    continue
                 live = [p for p in parts if not self.is_never(p)]
                 # proven after the whole document is reduced, when every referenced definition
                 # (including ones still being built here, under recursion) is complete
@@ -294,7 +301,58 @@ class Reducer:
             neg = self.translate(s["not"], ptr + "/not")
             comp = self.complement(neg, ptr + "/not")
             node = self.intersect(node, comp, ptr + "/not")
+        if "if" in s and self.dialect not in ("draft4", "draft6"):  # draft-07 and later (annotations before)
+            node = self.conditional(s, ptr, node)
         return node
+
+    # ---- oneOf and if/then/else by complements (issue 13) ------------------------------
+    def oneof_exact(self, branches, parts, cp):
+        """oneOf whose branches are not (yet) provably exclusive, exactly, as the union over i of
+        branch i and the complement of every other branch, where those complements are representable.
+        None when the branches are already provably exclusive or a complement is not representable
+        (then the oneOf is checked for exclusivity after the reduction, as before)."""
+        import itertools
+        live = [i for i, p in enumerate(parts) if not self.is_never(p)]
+        if len(live) < 2:
+            return None
+        try:
+            if all(self.disjoint(parts[i], parts[j], 0) for i, j in itertools.combinations(live, 2)):
+                return None
+        except ConstraintError:
+            return None
+        saved = (self.never_reason, self.merges)
+        try:
+            comps = {j: self.complement(branches[j], f"{cp}/{j}") for j in live}
+            out = []
+            for i in live:
+                n = parts[i]
+                for j in live:
+                    if j != i:
+                        n = self.intersect(n, comps[j], f"{cp}/{i}")
+                out.append(n)
+            return self.simplify_union(out)
+        except ConstraintError as e:
+            if e.kind != "UnsupportedSchema":
+                raise
+            self.never_reason, self.merges = saved
+            return None
+
+    def conditional(self, s, ptr, node):
+        """if/then/else (draft-07 and later): (if AND then) OR (NOT if AND else); `then` alone is
+        NOT if OR then, `else` alone is if OR else (no complement needed)."""
+        cond = self.translate(s["if"], ptr + "/if")
+        then = self.translate(s["then"], ptr + "/then") if "then" in s else ANY
+        els = self.translate(s["else"], ptr + "/else") if "else" in s else ANY
+        if then is ANY and els is ANY:
+            return node
+        if then is ANY:
+            return self.intersect(node, self.simplify_union([cond, els]), ptr + "/else")
+        comp = self.complement(cond, ptr + "/if")
+        if els is ANY:
+            return self.intersect(node, self.simplify_union([comp, then]), ptr + "/then")
+        yes = self.intersect(cond, then, ptr + "/then")
+        no = self.intersect(comp, els, ptr + "/else")
+        return self.intersect(node, self.simplify_union([yes, no]), ptr + "/if")
 
     # ---- dependencies (issue 13) --------------------------------------------------
     def dependencies(self, s, ptr, node):
@@ -339,10 +397,20 @@ class Reducer:
             return ANY
         if isinstance(n, Ref):
             self.unsupported(ptr, "not over a recursive reference is not supported")
-        alts = n.alts if isinstance(n, Union) else [n]
+        alts = []
+        stack = [n]
+        while stack:  # nested unions (anyOf inside anyOf, references to unions) flattened
+            a = resolve(stack.pop())
+            if isinstance(a, Union):
+                if len(alts) + len(stack) > 4096:
+                    self.unsupported(ptr, "not over a union of more than 4096 schemas is not supported")
+                stack.extend(reversed(a.alts))
+            else:
+                alts.append(a)
         by = {t: [] for t in ("null", "boolean", "number", "string", "array", "object")}
         for a in alts:
-            a = resolve(a)
+            if a is NEVER:
+                continue
             if a is ANY:
                 return NEVER
             if isinstance(a, Ref) or isinstance(a, Union):
@@ -371,6 +439,8 @@ class Reducer:
         type t), or [] when parts cover the whole type."""
         consts = [p.values[0] for p in parts if isinstance(p, Const)]
         others = [p for p in parts if not isinstance(p, Const)]
+        if any(self._whole_type(p) for p in others):
+            return []  # one part covers the whole type (e.g. a branch without assertions on it)
         if t == "null":
             return []
         if t == "boolean":
@@ -431,14 +501,56 @@ class Reducer:
                 self.unsupported(ptr, "not over array constraints is not supported")
             return []
         if t == "object":
-            if consts or len(others) != 1:
+            if consts:
                 self.unsupported(ptr, "not over object values is not supported")
-            p = others[0]
-            if (p.additional is not ANY or p.patterns or p.min_props or p.max_props is not None
-                    or any(resolve(v) is not ANY for _, v in p.props)):
-                self.unsupported(ptr, "not over object constraints other than `required` is not supported")
-            return [Object([(r, NEVER)], (), ANY) for r in p.required]
+            # NOT (A OR B) = NOT A AND NOT B
+            res = self.simplify_union(self._object_complement(others[0], ptr))
+            for p in others[1:]:
+                res = self.intersect(res, self.simplify_union(self._object_complement(p, ptr)), ptr)
+            return [] if self.is_never(res) else [res]
         raise AssertionError(t)
+
+    @staticmethod
+    def _whole_type(p) -> bool:
+        """True when node p admits every value of its JSON type."""
+        if isinstance(p, (Null, Boolean)):
+            return True
+        if isinstance(p, Number):
+            return p.lo is None and p.hi is None
+        if isinstance(p, String):
+            return not p.min_len and p.max_len is None and not p.patterns and not p.neg_patterns
+        if isinstance(p, Array):
+            return not p.prefix and p.items is ANY and not p.min_items and p.max_items is None
+        if isinstance(p, Object):
+            return (p.additional is ANY and not p.patterns and not p.required and not p.min_props
+                    and p.max_props is None and all(resolve(v) is ANY for _, v in p.props))
+        return False
+
+    def _object_complement(self, p: Object, ptr) -> list:
+        """Objects that fail `p`: a required name missing, a declared property present with a value
+        outside its schema, too few / too many members. Exact; UnsupportedSchema for patternProperties
+        and additionalProperties (an undeclared member outside a schema is not representable)."""
+        if p.additional is not ANY or p.patterns:
+            self.unsupported(ptr, "not over patternProperties / additionalProperties is not supported")
+        res = [Object([(r, NEVER)], (), ANY) for r in p.required]
+        if p.min_props:
+            res.append(Object([], (), ANY, [], 0, p.min_props - 1))
+        if p.max_props is not None:
+            res.append(Object([], (), ANY, [], p.max_props + 1, None))
+        if any(resolve(v) is not ANY for _, v in p.props):
+            if self.comp_depth >= MAX_COMPLEMENT_DEPTH:
+                self.unsupported(ptr, f"not over objects nested deeper than {MAX_COMPLEMENT_DEPTH} is not supported")
+            self.comp_depth += 1
+            try:
+                for name, v in p.props:
+                    if resolve(v) is ANY:
+                        continue
+                    c = self.complement(v, ptr)
+                    if not self.is_never(c):
+                        res.append(Object([(name, c)], (name,), ANY))
+            finally:
+                self.comp_depth -= 1
+        return res
 
     def _num(self, s, k, ptr):
         v = s[k]
@@ -499,8 +611,11 @@ class Reducer:
                 if self.accepts(node, v, 0) and not any(json_equal(v, k) for k in kept):
                     kept.append(v)
             if not kept:
-                raise ConstraintError("UnsatisfiableSchema", "no enum/const value satisfies the sibling assertions", where)
-            node = Const(kept)
+                # no value: an empty schema (an optional property that must then be absent, a branch
+                # that drops out); UnsatisfiableSchema at `where` only if the whole schema is empty
+                self.never_at(where)
+                return NEVER
+            node = Const(kept, self.twins_ok(kept, node))
         return node
 
     def check_value(self, v, ptr, depth):
@@ -580,7 +695,8 @@ class Reducer:
                     if count > MAX_MULTIPLES:
                         self.unsupported(ptr + "/multipleOf", f"multipleOf {mult} over more than {MAX_MULTIPLES} "
                                          "integers is not supported (bound the range)")
-                    return Const(list(range(first, ihi + 1, mult)))
+                    # draft-04: 4.0 is not an `integer`
+                    return Const(list(range(first, ihi + 1, mult)), not (self.draft4 and t == "integer"))
                 return Integer(ilo, ihi)
             if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_ex or hi_ex))):
                 self.never_at(ptr)
@@ -783,9 +899,25 @@ class Reducer:
             return NEVER
         return Const(out)
 
+    def twins_ok(self, vals, node) -> bool:
+        """True when the numeric twin (1 <-> 1.0) of every integral number in `vals` is accepted by
+        `node` too (then a Const of `vals` may generate both spellings)."""
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63:
+                twin = int(v)
+            elif isinstance(v, int) and abs(v) <= 2 ** 53:
+                twin = float(v)
+            else:
+                continue
+            if not self.accepts(node, twin, 0):
+                return False
+        return True
+
     # ---- normalisation -----------------------------------------------------
     def is_never(self, n) -> bool:
-        return n is NEVER or (isinstance(n, Union) and not n.alts)
+        return is_empty(n)  # through finished references too (a property whose $ref is empty)
 
     def simplify_union(self, alts) -> Node:
         flat = []
@@ -825,9 +957,14 @@ class Reducer:
         if o.max_props is not None:
             if o.min_props > o.max_props or len(o.required) > o.max_props:
                 return NEVER
-        if o.min_props and self.is_never(o.additional) and not o.patterns:
-            if sum(1 for _, n in o.props if not self.is_never(n)) < o.min_props:
-                return NEVER
+        if o.min_props:
+            declared = sum(1 for _, n in o.props if not self.is_never(n))
+            if declared < o.min_props:
+                if not o.patterns:
+                    if self.is_never(o.additional):
+                        return NEVER
+                elif declared + undeclared_capacity(o, o.min_props - declared) < o.min_props:
+                    return NEVER  # too few distinct keys possible (issue 13: no dead end, no repeated key)
         return o
 
     # ---- intersection ------------------------------------------------------
@@ -861,7 +998,7 @@ class Reducer:
             return self.simplify_union([self.intersect(a, x, ptr) for x in b.alts])
         if isinstance(a, Const):
             kept = [v for v in a.values if self.accepts(b, v, 0)]
-            return Const(kept) if kept else NEVER
+            return Const(kept, a.twins and self.twins_ok(kept, b)) if kept else NEVER
         if isinstance(b, Const):
             return self.intersect(b, a, ptr)
         ta, tb = type(a), type(b)
@@ -958,7 +1095,8 @@ class Reducer:
         if isinstance(n, Boolean):
             return jt == "boolean"
         if isinstance(n, Integer):
-            return jt == "integer" and n.lo <= v <= n.hi
+            # draft-04 `integer` excludes numbers written with a fraction (1.0), as `jsonschema` does
+            return jt == "integer" and n.lo <= v <= n.hi and not (self.draft4 and isinstance(v, float))
         if isinstance(n, Number):
             if jt not in ("integer", "number"):
                 return False
