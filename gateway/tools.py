@@ -84,6 +84,29 @@ def _check_unique(tools: list[ToolSpec], path: str) -> None:
         seen.add(t.name)
 
 
+def _openai_policy(body: dict, tools: list[ToolSpec], choice, named: str | None, named_loc: str,
+                   what: str) -> ToolPolicy:
+    """The policy of OpenAI-shaped ``tool_choice`` (``auto`` / ``none`` / ``required`` / a named function,
+    whose name the caller extracted as ``named``) and ``parallel_tool_calls``, shared by Chat Completions and
+    Responses.
+
+    Raises:
+        ApiError: (400) a duplicate tool name, a named choice naming no declared tool (at ``named_loc``), or an
+            unknown choice.
+    """
+    _check_unique(tools, "tools")
+    policy = ToolPolicy(tools=tools, parallel=body.get("parallel_tool_calls") is not False)
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or named not in _tool_names(tools):
+            raise invalid(named_loc, f"names no declared {what}: {named!r}")
+        policy.choice, policy.allowed_names, policy.parallel = "required", [named], False
+    elif choice in (None, "auto", "none", "required"):
+        policy.choice = choice or "auto"
+    else:
+        raise invalid("tool_choice", f"expected auto, none, required or a named function, got {choice!r}")
+    return policy
+
+
 def openai_chat_tools(body: dict) -> ToolPolicy | None:
     """Parses Chat Completions ``tools`` / ``tool_choice`` / ``parallel_tool_calls``.
 
@@ -104,19 +127,9 @@ def openai_chat_tools(body: dict) -> ToolPolicy | None:
             raise invalid(f"tools[{i}].function.name", "is required")
         tools.append(ToolSpec(fn["name"], fn.get("description") or "", fn.get("parameters", {}),
                               bool(fn.get("strict")), f"tools[{i}].function.parameters"))
-    _check_unique(tools, "tools")
-    policy = ToolPolicy(tools=tools, parallel=body.get("parallel_tool_calls") is not False)
-    if isinstance(choice, dict):
-        fn = choice.get("function")
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if choice.get("type") != "function" or name not in _tool_names(tools):
-            raise invalid("tool_choice.function.name", f"names no declared tool: {name!r}")
-        policy.choice, policy.allowed_names, policy.parallel = "required", [name], False
-    elif choice in (None, "auto", "none", "required"):
-        policy.choice = choice or "auto"
-    else:
-        raise invalid("tool_choice", f"expected auto, none, required or a named function, got {choice!r}")
-    return policy
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    named = fn.get("name") if isinstance(fn, dict) else None
+    return _openai_policy(body, tools, choice, named, "tool_choice.function.name", "tool")
 
 
 def responses_tools(body: dict) -> ToolPolicy | None:
@@ -135,18 +148,8 @@ def responses_tools(body: dict) -> ToolPolicy | None:
             raise invalid(f"tools[{i}].name", "is required")
         tools.append(ToolSpec(t["name"], t.get("description") or "", t.get("parameters", {}),
                               t.get("strict") is not False, f"tools[{i}].parameters"))
-    _check_unique(tools, "tools")
-    policy = ToolPolicy(tools=tools, parallel=body.get("parallel_tool_calls") is not False)
-    if isinstance(choice, dict):
-        name = choice.get("name")
-        if choice.get("type") != "function" or name not in _tool_names(tools):
-            raise invalid("tool_choice", f"names no declared function tool: {name!r}")
-        policy.choice, policy.allowed_names, policy.parallel = "required", [name], False
-    elif choice in (None, "auto", "none", "required"):
-        policy.choice = choice or "auto"
-    else:
-        raise invalid("tool_choice", f"expected auto, none, required or a named function, got {choice!r}")
-    return policy
+    named = choice.get("name") if isinstance(choice, dict) else None
+    return _openai_policy(body, tools, choice, named, "tool_choice", "function tool")
 
 
 def anthropic_tools(body: dict) -> ToolPolicy | None:
