@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sidecar-deadline", type=float, default=20.0, metavar="SECONDS",
                     help="a sidecar that gives no Step answer or heartbeat within this many seconds is treated as "
                          "hung: killed and restarted (an external one: reconnected); default 20")
+    ap.add_argument("--mask-soft-wait", type=float, default=200.0, metavar="MS",
+                    help="a step with constrained and unconstrained rows waits this long for the sidecar's masks, "
+                         "then samples the unconstrained rows alone; the constrained ones get theirs when the "
+                         "answer comes (or are parked past --sidecar-deadline). 0 = always wait; default 200")
     ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",
                     help="past N sidecar restarts within 60 s, constrained requests fail with "
                          "ConstraintServiceUnavailable instead of waiting for it (default 5)")
@@ -138,7 +142,7 @@ def build_stack(args: argparse.Namespace):
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
     program.prefill_token_budget = max(1, args.prefill_token_budget)
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
-                    num_draft_tokens=k, draft_layers=args.draft_layers)
+                    num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3)
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
 

@@ -76,7 +76,7 @@ class CrashingSidecar:
             raise SidecarUnavailable("restarted")
         self.msgs.append((seq, slot, rows))
 
-    def recv_step(self, seq):
+    def recv_step(self, seq, timeout=None):
         got, slot, rows = self.msgs.pop(0)
         assert got == seq
         self.recvs += 1
