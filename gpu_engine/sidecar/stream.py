@@ -68,11 +68,6 @@ class StepStream:
             raise StreamBroken(self.broken)
         self._requests.put(msg)
 
-    @property
-    def answer_in_flight(self) -> bool:
-        """True while a soft wait left an answer outstanding (poll it with :meth:`recv`)."""
-        return self._next_answer is not None
-
     def recv(self, timeout: float | None = None) -> pb.StepResponse | None:
         """The next answer, waiting at most ``deadline_s`` seconds (plus the watchdog's tick) since the
         first wait for it.
@@ -95,14 +90,18 @@ class StepStream:
         if self._next_answer is None:
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"ninfer-step-reader-{self.generation}")
-            self._next_answer = self._reader.submit(self._next)
+            try:
+                self._next_answer = self._reader.submit(self._next)
+            except RuntimeError:  # closed (shut down) by a concurrent restart
+                raise StreamBroken(self.broken or "the stream was closed") from None
         try:
             r = self._next_answer.result(timeout)
         except TimeoutError:  # concurrent.futures.TimeoutError is the builtin since Python 3.11
-            return None
-        finally:
-            if self._next_answer.done():
-                self._next_answer = None
+            return None  # (an answer landing right now stays in the future for the next call)
+        except StreamBroken:
+            self._next_answer = None
+            raise
+        self._next_answer = None
         return r
 
     def _next(self) -> pb.StepResponse:
