@@ -258,3 +258,39 @@ def test_soft_wait_zero_always_waits_and_negative_is_refused(rig):
     assert eng.stats.mask_waits_deferred == 0 and set(sc.timeouts) == {None}
     with pytest.raises(ValueError, match="mask_soft_wait_s"):
         rig(-1.0)
+
+
+@pytest.mark.parametrize("executor", ["eager", "spec-graphs"])
+def test_speculative_rows_defer_the_same_way_and_give_the_same_tokens(executor):
+    """Drafts and ``[P, T, V]`` logits of pending speculative rows are kept: verifying them later gives
+    the tokens of a run without deferral (eager ``Program`` and ``CudaProgram``'s static speculative
+    phase, run on the CPU)."""
+    import test_spec_step_engine as spec  # noqa: E402  (same folder)
+
+    class HoldingSidecar(spec.FakeSidecar):
+        """Holds every third Step's answer back for two soft waits."""
+
+        held: dict
+
+        def recv_step(self, seq, timeout=None):
+            if timeout is not None and seq % 3 == 1 and self.held.setdefault(seq, 0) < 2:
+                self.held[seq] += 1
+                return None
+            return super().recv_step(seq)
+
+    outputs, deferred = [], []
+    for hold in (False, True):
+        table, dfa, qs, _allowed = spec._chain_world(seed=3)
+        eng = spec._engine(table, dfa, spec.FixedQDrafter(lambda prev: qs[prev]), k=2, max_lanes=8,
+                           executor=executor)
+        if hold:
+            eng.sidecar = HoldingSidecar(eng.ring, dfa)
+            eng.sidecar.held = {}
+        reqs = [spec._req(i, 2, 12, constrained=i % 3 != 0) for i in range(24)]
+        fins = spec._run(eng, reqs)
+        assert all(f.error is None for f in fins), [f.error for f in fins if f.error]
+        assert sum(f.draft_tokens for f in fins) > 0
+        outputs.append([r.output_ids for r in reqs])
+        deferred.append(eng.stats.mask_waits_deferred)
+    assert deferred[0] == 0 and deferred[1] > 0
+    assert outputs[0] == outputs[1]
