@@ -175,6 +175,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         # `ninfer serve` strips these before calling us; reaching here means `python -m gpu_engine`, which has no
         # gateway to start: refuse rather than ignore the flag.
         ap.error("--http-port/--http-host start the HTTP gateway and need `ninfer serve` (or run `ninfer gateway`)")
+    if args.mask_soft_wait < 0:
+        ap.error(f"--mask-soft-wait must be >= 0 ms, got {args.mask_soft_wait:g}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc

@@ -34,9 +34,10 @@ from gpu_engine.core.batch import StepBatch
 from gpu_engine.core.request import Request
 from gpu_engine.sidecar.client import RowStatus, SidecarUnavailable
 
-# Default soft budget (seconds) of a mixed step's mask wait. Healthy steps never reach it: the exposed
-# wait is ~0.2-3 ms p50 on the H200 (bench/results/engine_bench_h200.json) and the mask fill overlaps
-# the forward; measured on 2 shared CPU cores: see README "Sidecar supervision".
+# Default soft budget (seconds) of a mixed step's mask wait. Healthy steps stay far below it: the exposed
+# wait is ~0.2-3 ms p50 on the H200 (bench/results/engine_bench_h200.json: the mask fill overlaps the
+# forward), and every one of a healthy 16-stream run on 2 loaded CPU cores was <= 25 ms with 0 deferrals
+# (bench/results/supervision_bench_cpu.json "healthy").
 DEFAULT_MASK_SOFT_WAIT_S = 0.2
 DEFERRED = object()  # _recv_masks: the soft budget passed, the answer is still outstanding
 

@@ -294,3 +294,12 @@ def test_speculative_rows_defer_the_same_way_and_give_the_same_tokens(executor):
         deferred.append(eng.stats.mask_waits_deferred)
     assert deferred[0] == 0 and deferred[1] > 0
     assert outputs[0] == outputs[1]
+
+
+def test_serve_refuses_a_negative_soft_wait(capsys):
+    from gpu_engine.api.serve import build_parser, serve_main
+
+    assert build_parser().parse_args([]).mask_soft_wait == 200.0  # the documented default, ms
+    with pytest.raises(SystemExit) as e:
+        serve_main(["--mask-soft-wait", "-5"])
+    assert e.value.code == 2 and "--mask-soft-wait must be >= 0 ms" in capsys.readouterr().err
