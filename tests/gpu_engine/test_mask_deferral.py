@@ -8,71 +8,47 @@ passes. The real-process version (SIGSTOP of the real sidecar) is in ``tests/e2e
 """
 from __future__ import annotations
 
-import os
-import threading
-import uuid
-
 import numpy as np
 import pytest
-import torch
 
-from gpu_engine.core.request import CacheStatus, ConstraintRef, Finish, Request, SamplingOptions
-from gpu_engine.engine.loop import Engine, ring_geometry
-from gpu_engine.executor.eager import Program
-from gpu_engine.model.vocab import TokenVocabulary
-from gpu_engine.sidecar.client import PrepareInfo, RowStatus, SidecarUnavailable, StepRowResult
+from gpu_engine.engine.loop import Engine
+from gpu_engine.sidecar.client import SidecarUnavailable
 from gpu_engine.sidecar.supervisor import SidecarState
-from shared_memory.layout import STATUS_READY, STATUS_UNREACHABLE
-from shared_memory.ring import MaskRing
+from gpu_engine.core.request import ConstraintRef, Request, SamplingOptions
 
-import ninfer_tests_gpu_engine_oracle as oracle  # noqa: E402  (loaded by conftest.py)
-from test_sidecar_replay import Bigram, FakeSupervisor  # noqa: E402  (same folder)
+# same folder: the bigram rig (real Engine, Program, ring) and its DFA sidecar
+from test_sidecar_replay import LENGTH, V, EOS, CrashingSidecar, _drive, _finish, rig  # noqa: E402, F401
 
-V, EOS = 16, 15
-WORD = [3, 7, 7, 3, 9, 3]  # the language: exactly this word, then EOS (each mask allows one token)
+WORD = [3, 7, 7, 3, 9, 3]  # the language here: exactly this word, then EOS (each mask allows one token)
+assert len(WORD) == LENGTH
 
 
-def allowed(state: int) -> np.ndarray:
+def word_allowed(state: int) -> np.ndarray:
     a = np.zeros(V, bool)
     a[WORD[state] if state < len(WORD) else EOS] = True
     return a
 
 
-class LateSidecar:
-    """Answers Steps from the one-word DFA. While :attr:`late` is set an answer is held back (a soft wait
-    sees ``None``); :meth:`expire` makes the next wait fail as the Step stream's watchdog does past the hard
-    deadline (the sidecar then comes back as a new generation without sessions)."""
+class LateSidecar(CrashingSidecar):
+    """The DFA sidecar (never crashing by itself) for the one-word language. While :attr:`late` is set an
+    answer is held back (a soft wait sees ``None``); :meth:`expire` makes the next wait fail as the Step
+    stream's watchdog does past the hard deadline (the sidecar comes back as a new generation without
+    sessions, ``DOWN`` until the test says it is up)."""
 
-    def __init__(self, ring: MaskRing) -> None:
-        self.ring, self.generation, self.state = ring, 1, {}
-        self.supervisor, self.startup_timeout_s = FakeSupervisor(), 60.0
-        self.late, self.expired = threading.Event(), False
-        self.msgs: list = []
+    language = staticmethod(word_allowed)
+
+    def __init__(self, ring, crash_at: int = 0) -> None:
+        super().__init__(ring, 0)
+        self.release.set()
+        self.late, self.expired = False, False
         self.timeouts: list = []  # the timeout of every recv_step
-        self.prepared: list[str] = []
-
-    def prepare(self, rid, kind, source, choices, prefix, wrapper="", replace=False):
-        self.prepared.append(rid)
-        self.state[rid] = 0
-        return PrepareInfo(CacheStatus.BUILT, 0.0, self.generation)
-
-    def alive(self) -> bool:
-        return True
-
-    def mark_lost(self, why, generation=None) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
     def expire(self) -> None:
         self.expired = True
 
     def send_step(self, seq, slot, rows, generation=None):
         assert not self.msgs, "a Step was sent while an answer was outstanding"
-        if generation is not None and generation != self.generation:
-            raise SidecarUnavailable("restarted")
-        self.msgs.append((seq, slot, rows))
+        super().send_step(seq, slot, rows, generation)
 
     def recv_step(self, seq, timeout=None):
         self.timeouts.append(timeout)
@@ -81,52 +57,10 @@ class LateSidecar:
             self.generation += 1
             self.supervisor.state = SidecarState.DOWN
             raise SidecarUnavailable("Step stream broke (no Step answer within 5 s)")
-        if self.late.is_set():
+        if self.late:
             assert timeout is not None, "a blocking wait on an answer that never comes"
             return None
-        got, slot, rows = self.msgs.pop(0)
-        assert got == seq
-        self.ring.begin_write(slot, seq)
-        out = []
-        for row in rows:
-            s = self.state[row.request_id]
-            for t in row.commit_tokens:
-                assert allowed(s)[t], f"committed token {t} is illegal in state {s}"
-                s += 1
-            self.state[row.request_id] = s
-            done = s == len(WORD) + 1
-            if row.close:
-                out.append(StepRowResult(row.request_id, row.row, RowStatus.OK, done, done, ""))
-                continue
-            self.ring.bitmask(slot)[row.row][0] = oracle.bits_from_allowed(allowed(s))
-            st = self.ring.status(slot)[row.row]
-            st[0], st[1:] = STATUS_READY, STATUS_UNREACHABLE
-            out.append(StepRowResult(row.request_id, row.row, RowStatus.OK, False, False, ""))
-        self.ring.end_write(slot, seq)
-        return out, 0.0
-
-
-@pytest.fixture()
-def rig():
-    vocab = TokenVocabulary(V, tuple(bytes([65 + i]) for i in range(V)), frozenset({EOS}), (EOS,))
-    ring = MaskRing.create(f"ninfer-test-defer-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_geometry(8, 0, V))
-    table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
-    table[:, EOS] = -5.0  # the unconstrained row runs to its budget
-    made = []
-
-    def make(soft_wait_s: float = 0.001) -> tuple[Engine, LateSidecar]:
-        sc = LateSidecar(ring)
-        eng = Engine(Program(Bigram(table), V, torch.device("cpu")), vocab, sidecar=sc, ring=ring,
-                     mask_soft_wait_s=soft_wait_s)
-        made.append(eng)
-        return eng, sc
-
-    yield make
-    for eng in made:
-        if eng._reprepare_pool is not None:
-            eng._reprepare_pool.shutdown(wait=True)
-    ring.close()
-    ring.unlink()
+        return super().recv_step(seq)
 
 
 def _req(i: int, constrained: bool = True, max_tokens: int = 20) -> Request:
@@ -134,25 +68,8 @@ def _req(i: int, constrained: bool = True, max_tokens: int = 20) -> Request:
                    constraint=ConstraintRef("grammar", source="g") if constrained else None, sidecar_generation=1)
 
 
-def _finish(r: Request) -> Finish:
-    ev = None
-    while not r.events.empty():
-        ev = r.events.get()
-    assert isinstance(ev, Finish), r.request_id
-    return ev
-
-
-def _drive(eng: Engine, done, limit: int = 500) -> None:
-    for _ in range(limit):
-        eng.step()
-        if done():
-            return
-        threading.Event().wait(0.001)  # let the re-prepare pool run
-    raise AssertionError("the engine did not settle")
-
-
 def _start(rig, soft_wait_s: float = 0.001, n: int = 3):
-    eng, sc = rig(soft_wait_s)
+    eng, sc = rig(0, LateSidecar, mask_soft_wait_s=soft_wait_s)
     reqs, free = [_req(i) for i in range(n)], _req(9, constrained=False, max_tokens=60)
     sc.state.update({r.request_id: 0 for r in reqs})  # prepared by admission in generation 1
     for r in reqs + [free]:
@@ -168,7 +85,7 @@ def _done(eng: Engine, reqs: list[Request]) -> bool:
 def test_unconstrained_rows_commit_while_the_answer_is_late_then_pending_rows_get_the_masked_token(rig):
     eng, sc, reqs, free = _start(rig)
     before = {r.request_id: list(r.output_ids) for r in reqs}
-    sc.late.set()  # the sidecar is slow: the next mixed step's answer is not there within the soft budget
+    sc.late = True  # the sidecar is slow: the next mixed step's answer is not there within the soft budget
     n_free, n_msgs = len(free.output_ids), len(sc.timeouts)
     for _ in range(8):
         eng.step()
@@ -176,7 +93,7 @@ def test_unconstrained_rows_commit_while_the_answer_is_late_then_pending_rows_ge
     assert len(free.output_ids) >= n_free + 8  # one token per step, none waited for the masks
     assert {r.request_id: r.output_ids for r in reqs} == before  # constrained rows sat out
     assert all(t == 0.0 for t in sc.timeouts[n_msgs + 1:])  # later steps only polled, never blocked
-    sc.late.clear()
+    sc.late = False
     eng.step()  # the answer is there: the pending rows are sampled with their saved logits and masks
     assert eng._pending is None  # (then the step went on with every row: a new Step was sent)
     for r in reqs:
@@ -196,10 +113,10 @@ def test_a_deferred_wait_does_not_change_the_output(rig):
     for late_steps in (0, 5):
         eng, sc, reqs, free = _start(rig)
         if late_steps:
-            sc.late.set()
+            sc.late = True
             for _ in range(late_steps):
                 eng.step()
-            sc.late.clear()
+            sc.late = False
         _drive(eng, lambda: _done(eng, reqs + [free]))
         assert eng.stats.mask_waits_deferred == (1 if late_steps else 0)
         outputs.append([r.output_ids for r in reqs + [free]])
@@ -208,12 +125,12 @@ def test_a_deferred_wait_does_not_change_the_output(rig):
 
 def test_a_pending_row_can_be_cancelled_and_its_close_rides_on_the_next_step(rig):
     eng, sc, reqs, free = _start(rig)
-    sc.late.set()
+    sc.late = True
     eng.step()
     reqs[0].cancel()
     eng.step()
     assert eng._pending is not None and reqs[0].finished  # its lane is free; its close waits for the Step
-    sc.late.clear()
+    sc.late = False
     _drive(eng, lambda: _done(eng, reqs + [free]))
     assert _finish(reqs[0]).finish_reason == "cancelled"
     assert all(_finish(r).error is None and r.output_ids == WORD + [EOS] for r in reqs[1:])
@@ -221,11 +138,11 @@ def test_a_pending_row_can_be_cancelled_and_its_close_rides_on_the_next_step(rig
 
 def test_with_only_constrained_rows_left_the_step_blocks_on_the_answer(rig):
     eng, sc, reqs, free = _start(rig, n=2)
-    sc.late.set()
+    sc.late = True
     eng.step()
     assert eng._pending is not None
     free.cancel()  # no unconstrained row left: the next step waits for the answer (as a step without any does)
-    sc.late.clear()
+    sc.late = False
     eng.step()
     assert sc.timeouts[-1] is None and eng._pending is None
     _drive(eng, lambda: _done(eng, reqs))
@@ -235,18 +152,18 @@ def test_with_only_constrained_rows_left_the_step_blocks_on_the_answer(rig):
 
 def test_an_answer_past_the_hard_deadline_parks_and_replays_the_pending_rows(rig):
     eng, sc, reqs, free = _start(rig)
-    sc.late.set()
+    sc.late = True
     for _ in range(3):
         eng.step()
     n_free = len(free.output_ids)
     sc.expire()  # the watchdog cancels the stream: the pending rows take the supervision path
     eng.step()
     assert eng._pending is None and all(r.parked and not r.finished for r in reqs)
-    sc.late.clear()
+    sc.late = False
     _drive(eng, lambda: len(free.output_ids) >= n_free + 3)  # unconstrained rows go on meanwhile
     sc.supervisor.state = SidecarState.UP  # restarted
     _drive(eng, lambda: _done(eng, reqs + [free]))
-    assert sorted(sc.prepared) == sorted(r.request_id for r in reqs) and eng.replays == len(reqs)
+    assert sorted(rid for rid, _ in sc.prepared) == sorted(r.request_id for r in reqs) and eng.replays == len(reqs)
     for r in reqs:
         f = _finish(r)
         assert f.error is None and r.output_ids == WORD + [EOS] and f.constraint.complete, (f, r.output_ids)
@@ -257,7 +174,7 @@ def test_soft_wait_zero_always_waits_and_negative_is_refused(rig):
     _drive(eng, lambda: _done(eng, reqs + [free]))
     assert eng.stats.mask_waits_deferred == 0 and set(sc.timeouts) == {None}
     with pytest.raises(ValueError, match="mask_soft_wait_s"):
-        rig(-1.0)
+        rig(0, LateSidecar, mask_soft_wait_s=-1.0)
 
 
 @pytest.mark.parametrize("executor", ["eager", "spec-graphs"])
