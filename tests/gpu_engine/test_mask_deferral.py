@@ -68,8 +68,8 @@ def _req(i: int, constrained: bool = True, max_tokens: int = 20) -> Request:
                    constraint=ConstraintRef("grammar", source="g") if constrained else None, sidecar_generation=1)
 
 
-def _start(rig, soft_wait_s: float = 0.001, n: int = 3):
-    eng, sc = rig(0, LateSidecar, mask_soft_wait_s=soft_wait_s)
+def _start(rig, soft_wait_s: float = 0.001, n: int = 3, executor: str = "eager"):
+    eng, sc = rig(0, LateSidecar, executor=executor, mask_soft_wait_s=soft_wait_s)
     reqs, free = [_req(i) for i in range(n)], _req(9, constrained=False, max_tokens=60)
     sc.state.update({r.request_id: 0 for r in reqs})  # prepared by admission in generation 1
     for r in reqs + [free]:
@@ -106,12 +106,14 @@ def test_unconstrained_rows_commit_while_the_answer_is_late_then_pending_rows_ge
     assert _finish(free).error is None and len(free.output_ids) == 60
 
 
-def test_a_deferred_wait_does_not_change_the_output(rig):
+@pytest.mark.parametrize("executor", ["eager", "cuda-program"])
+def test_a_deferred_wait_does_not_change_the_output(rig, executor):
     """Draws depend on (seed, position) and the saved logits: the same requests give the same tokens
-    whether or not some of their steps were deferred."""
+    whether or not some of their steps were deferred (``cuda-program``: CudaProgram's static logits
+    buffer and subset Finish, then its eager path for the pending rows, on the CPU)."""
     outputs = []
     for late_steps in (0, 5):
-        eng, sc, reqs, free = _start(rig)
+        eng, sc, reqs, free = _start(rig, executor=executor)
         if late_steps:
             sc.late = True
             for _ in range(late_steps):

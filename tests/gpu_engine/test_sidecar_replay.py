@@ -132,9 +132,17 @@ def rig():
     table[:, EOS] = -5.0  # the unconstrained row runs to its budget
     made = []
 
-    def make(crash_at: int, sidecar_cls: type | None = None, **engine_kw) -> tuple[Engine, CrashingSidecar]:
+    def make(crash_at: int, sidecar_cls: type | None = None, executor: str = "eager",
+             **engine_kw) -> tuple[Engine, CrashingSidecar]:
+        """``executor``: ``eager`` (Program) or ``cuda-program`` (CudaProgram's static phases, eager on the CPU)."""
         sc = (sidecar_cls or CrashingSidecar)(ring, crash_at)
-        eng = Engine(Program(Bigram(table), V, torch.device("cpu")), vocab, sidecar=sc, ring=ring, **engine_kw)
+        if executor == "cuda-program":
+            from gpu_engine.executor.cuda_graph import CudaProgram
+
+            prog = CudaProgram(Bigram(table), V, torch.device("cpu"), ring, use_graphs=False, prefill_graphs="off")
+        else:
+            prog = Program(Bigram(table), V, torch.device("cpu"))
+        eng = Engine(prog, vocab, sidecar=sc, ring=ring, **engine_kw)
         made.append(eng)
         return eng, sc
 
