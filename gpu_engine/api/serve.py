@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sidecar-deadline", type=float, default=20.0, metavar="SECONDS",
                     help="a sidecar that gives no Step answer or heartbeat within this many seconds is treated as "
                          "hung: killed and restarted (an external one: reconnected); default 20")
+    ap.add_argument("--mask-soft-wait", type=float, default=200.0, metavar="MS",
+                    help="a step with constrained and unconstrained rows waits this long for the sidecar's masks, "
+                         "then samples the unconstrained rows alone; the constrained ones get theirs when the "
+                         "answer comes (or are parked past --sidecar-deadline). 0 = always wait; default 200")
     ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",
                     help="past N sidecar restarts within 60 s, constrained requests fail with "
                          "ConstraintServiceUnavailable instead of waiting for it (default 5)")
@@ -138,7 +142,7 @@ def build_stack(args: argparse.Namespace):
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
     program.prefill_token_budget = max(1, args.prefill_token_budget)
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
-                    num_draft_tokens=k, draft_layers=args.draft_layers)
+                    num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3)
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
 
@@ -171,6 +175,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         # `ninfer serve` strips these before calling us; reaching here means `python -m gpu_engine`, which has no
         # gateway to start: refuse rather than ignore the flag.
         ap.error("--http-port/--http-host start the HTTP gateway and need `ninfer serve` (or run `ninfer gateway`)")
+    if args.mask_soft_wait < 0:
+        ap.error(f"--mask-soft-wait must be >= 0 ms, got {args.mask_soft_wait:g}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc

@@ -9,8 +9,10 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
    overlap) the draft ids stay on the device: the forward is queued on them first, the host
    waits on the ids' ready event only, then sends the Step while the forward runs;
 3. runs the model forward (prefill rows batched under a token budget, decode rows batched);
-4. waits for the sidecar's answer only now (the exposed wait is measured),
-   checks the slot's sequence number, and samples all rows with their masks;
+4. waits for the sidecar's answer only now (the exposed wait is measured; a short soft budget when
+   unconstrained rows ride along, which are then sampled at once while the constrained rows wait as a
+   pending step: :mod:`gpu_engine.engine.mask_wait`), checks the slot's sequence number, and samples
+   the rows with their masks;
 5. commits tokens, streams text deltas, and finishes rows on EOS / budget; a finished
    constrained row's session is closed on the next Step message (:mod:`gpu_engine.engine.closing`).
 
@@ -36,6 +38,7 @@ from shared_memory.ring import MaskRing
 from ninfer_common.errors import RowError, Status
 from gpu_engine.engine.closing import Closing
 from gpu_engine.engine.drafting import Drafting
+from gpu_engine.engine.mask_wait import DEFAULT_MASK_SOFT_WAIT_S, DEFERRED, MaskWait
 from gpu_engine.engine.output import OutputPublishing
 from gpu_engine.engine.supervision import Supervision
 from gpu_engine.engine.metrics import EngineMetrics
@@ -46,14 +49,14 @@ from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.base import Executor
 from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
 from gpu_engine.core.request import Delta, Request
-from gpu_engine.sidecar.client import RowStatus, Sidecar, SidecarUnavailable, StepRow
+from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
 from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
 log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 
 
-class Engine(Drafting, Closing, OutputPublishing, Supervision):
+class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
     """Owns lanes, the mask ring, the sidecar and the worker thread.
 
     Args:
@@ -64,10 +67,13 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
             to run without constraint support.
         ring: the mask ring (engine-owned, created by the caller).
         spec_method: default speculative method; ``num_draft_tokens`` its K.
+        mask_soft_wait_s: seconds a step with constrained and unconstrained rows waits for the masks
+            before it samples the unconstrained rows alone (0: always wait; :mod:`gpu_engine.engine.mask_wait`).
     """
 
     def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
-                 spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0) -> None:
+                 spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0,
+                 mask_soft_wait_s: float = DEFAULT_MASK_SOFT_WAIT_S) -> None:
         self.program = program
         self.vocab = vocab
         self.eos = frozenset(vocab.eos_ids)
@@ -85,6 +91,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
         self.supervisor: SidecarSupervisor | None = None
         self._step_gen = 0  # sidecar generation of the step being built
         self._init_supervision()
+        self._init_mask_wait(mask_soft_wait_s)
         self._waiting: "queue.Queue[Request]" = queue.Queue()
         self._lanes: list[Request | None] = [None] * self.max_lanes
         self._seq = 0
@@ -122,7 +129,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
             if self.supervisor is not None:
                 self.supervisor.stop()
             try:
-                self._close_only_step()  # the worker has stopped: this thread owns the Step stream now
+                if self._pending is not None:  # the worker has stopped: this thread owns the Step stream now
+                    self._settle_pending(block=True)
+                self._close_only_step()
             except Exception as e:  # noqa: BLE001 - the requests still get their Finish
                 self._closed(self._take_closing(), None, f"engine stopping: {e}")
             self._stop_supervision("the engine is stopping")
@@ -163,6 +172,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
                 worked = self.step()
             except Exception:  # noqa: BLE001 - an engine bug must not kill the server silently
                 log.exception("engine step failed; failing resident requests")
+                self._pending = None
                 for r in self._lanes:
                     if r is not None:
                         self._finish(r, "error", error=RowError("EngineError", "engine step failed", status=Status.INTERNAL))
@@ -200,7 +210,10 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
         for r in self._lanes:
             if r is not None and r.cancelled.is_set():
                 self._finish(r, "cancelled")
-        rows = [r for r in self._lanes if r is not None and not r.parked]
+        rows = self._runnable()
+        if self._pending is not None:  # a Step answer is outstanding: poll it (block if nothing else can run)
+            revived = self._settle_pending(block=not rows) or revived
+            rows = self._runnable()
         if not rows:
             return (self._close_only_step() if self.sidecar is not None else False) or revived
         t0 = time.perf_counter()
@@ -240,7 +253,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
     def _step_rows(self, rows: list[Request]) -> None:
         """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
         prog = self.program
-        constrained, closing = self._constrained_of(rows)  # rows of a dead sidecar generation are parked
+        # rows of a dead sidecar generation are parked; while a Step is pending, no Step (closes wait too)
+        constrained, closing = self._constrained_of(rows) if self._pending is None else ([], [])
         if len(constrained) != sum(r.constraint is not None for r in rows):
             rows = [r for r in rows if not r.parked]
             if not rows:
@@ -282,8 +296,18 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
             batch = build_step_batch(rows, drafts, draft_q, slot=slot if sent else NO_SLOT, device=prog.device)
             logits = prog.forward(batch)  # [B, T, V] float32, T = 1 + max drafts
         words = status = enabled = None
-        if sent:  # masks: wait only now
-            words, status, enabled = self._recv_masks(seq, batch, constrained, closing)
+        if sent:  # masks: wait only now (for a soft budget only when unconstrained rows ride along)
+            got = self._recv_masks(seq, batch, constrained, closing, self._soft_wait(rows))
+            if got is DEFERRED:  # unconstrained rows go on now; the constrained ones wait as the pending step
+                rows, batch, logits = self._defer(seq, rows, batch, logits, constrained, closing, drafts)
+            else:
+                words, status, enabled = got
+        self._sample_commit(rows, batch, logits, words, status, enabled, drafts)
+
+    def _sample_commit(self, rows: list[Request], batch: StepBatch, logits: torch.Tensor, words, status, enabled,
+                       drafts: dict[int, list[int]]) -> None:
+        """Sample the live ``rows`` of ``batch`` (``logits`` [B, T, V]; masks as staged, or Nones) and commit."""
+        prog = self.program
         live_idx = [i for i, r in enumerate(rows) if not r.finished and not r.parked]
         if not live_idx:
             return
@@ -325,40 +349,6 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision):
         for r in constrained:
             r.pending_commit = []
         return True
-
-    def _recv_masks(self, seq: int, batch: StepBatch, constrained: list[Request], closing: list):
-        """Wait for the sidecar's answer to ``seq`` (the exposed wait), publish closed requests, fail rows
-        the sidecar reports, and stage ``batch.slot``'s masks: ``(words, status, enabled)`` or Nones."""
-        slot, rows = batch.slot, batch.rows
-        tw = time.perf_counter()
-        try:
-            results, _work = self.sidecar.recv_step(seq)
-        except SidecarUnavailable as e:
-            self._sidecar_lost(constrained, str(e), closing)
-            return None, None, None
-        wait = time.perf_counter() - tw
-        by_id = {x.request_id: x for x in results}
-        self._closed(closing, by_id)
-        if not constrained:
-            return None, None, None
-        self.stats.sidecar_wait_s += wait
-        self.stats.per_step_wait_ms.append(wait * 1e3)
-        self.metrics.sidecar_wait(wait)
-        self.stats.constrained_steps += 1
-        self.ring.check_slot(slot, seq)
-        for r in constrained:
-            x = by_id.get(r.request_id)
-            if x is None or x.status is not RowStatus.OK:
-                self._finish(r, "error", error=RowError(
-                    "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
-        # A dead end is not reported here: the slot's status byte says DEAD_END and the
-        # sampler / verifier fail the row with ConstraintDeadEnd where the draw happens.
-        # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
-        # registered ring into the device bitmask (prog.stage_masks documents both).
-        words, status, nbytes = self.program.stage_masks(self.ring, batch)
-        enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
-        self.stats.mask_h2d_bytes += nbytes
-        return words, status, enabled
 
     # ----------------------------------------------------------------- commit
     def _commit(self, r: Request, toks: list[int]) -> None:

@@ -45,6 +45,10 @@ class EngineMetrics:
                                                     "their committed tokens replayed")
         self.replayed_tokens = m.create_counter("ninfer_sidecar_replayed_tokens", unit="1",
                                                 description="Committed tokens replayed into fresh matchers")
+        self.deferred = m.create_counter("ninfer_mask_wait_deferred", unit="1",
+                                         description="Steps with constrained and unconstrained rows whose masks "
+                                                     "missed the soft wait: unconstrained rows went on alone")
+        self.deferred.add(0)  # exported (as 0) from the start: rare by design, and dashboards query it
         self.queue_wait = m.create_histogram("ninfer_queue_wait_seconds", unit="s",
                                              description="Submission to the engine until the request got a lane")
         self._meter = m
@@ -114,6 +118,11 @@ class EngineMetrics:
         if self._on:
             self.replays.add(1)
             self.replayed_tokens.add(tokens)
+
+    def mask_wait_deferred(self) -> None:
+        """One mixed step's mask wait passed the soft budget (its constrained rows now wait alone)."""
+        if self._on:
+            self.deferred.add(1)
 
     def queued(self, seconds: float) -> None:
         if self._on:

@@ -19,6 +19,9 @@ class EngineStats:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     per_step_wait_ms: list[float] = field(default_factory=list)
+    # mixed steps whose masks missed the soft budget (--mask-soft-wait): unconstrained rows sampled at once,
+    # constrained rows sampled when the answer came (gpu_engine.engine.mask_wait)
+    mask_waits_deferred: int = 0
     draft_s: float = 0.0  # time spent proposing drafts (exposed: the Step message waits for the draft ids)
     spec_steps: int = 0  # steps in which at least one row had drafts
     spec_rows: int = 0  # verified row-steps (rows with drafts, summed over steps, failed rows excluded)

@@ -405,23 +405,32 @@ class Sidecar:
             raise SidecarUnavailable(f"Step stream broke ({e})") from None
         self._sent_on = stream
 
-    def recv_step(self, step_seq: int) -> tuple[list[StepRowResult], float]:
-        """Wait (at most ``step_deadline_s``) for the answer to ``step_seq``: per-row results and sidecar
-        work seconds.
+    def recv_step(self, step_seq: int, timeout: float | None = None) -> tuple[list[StepRowResult], float] | None:
+        """Wait (at most ``step_deadline_s`` since the first wait) for the answer to ``step_seq``: per-row
+        results and sidecar work seconds.
+
+        Args:
+            timeout: ``None`` blocks until the answer or the deadline; else a soft budget in seconds
+                (``0`` polls): ``None`` is returned when it passes first and the answer stays
+                outstanding (ask again with the same ``step_seq``; send no Step meanwhile).
 
         Raises:
             SidecarUnavailable: the stream broke (sidecar died), no answer came within the deadline
                 (hung: the sidecar is then marked lost, and the supervisor kills and restarts it), or
                 it answered out of order.
         """
-        stream, self._sent_on = self._sent_on, None
+        stream = self._sent_on
         if stream is None:
             raise SidecarUnavailable("no Step was sent")
         try:
-            r = stream.recv()
+            r = stream.recv(timeout)
         except StreamBroken as e:
+            self._sent_on = None
             self.mark_lost(str(e), stream.generation)
             raise SidecarUnavailable(f"Step stream broke ({e})") from None
+        if r is None:
+            return None
+        self._sent_on = None
         if r.step_seq != step_seq:
             stream.broken = "answers out of order"
             self.mark_lost(stream.broken, stream.generation)

@@ -6,12 +6,18 @@ answer itself (no extra thread hop on the hot path: the answer wakes it directly
 watchdog thread per stream cancels the call when one wait has lasted longer than the deadline;
 the cancelled ``next()`` returns at once and :meth:`StepStream.recv` reports the missed deadline
 (issue 14 (3)).
+
+A *soft* wait (``recv(timeout=...)``, the engine's deferred mask wait: unconstrained rows must not
+wait on a slow or hung sidecar) cannot interrupt a blocking ``next()``, so it runs ``next()`` on the
+stream's one reader thread and waits on that future for at most ``timeout``; later calls poll the
+same future. The hard deadline counts from the first wait for an answer, across polls.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
@@ -38,6 +44,8 @@ class StepStream:
         self.broken: str = ""  # why the stream is unusable ("" while it is fine)
         self._waiting_since = 0.0  # time.monotonic() when the engine began waiting; 0 when not waiting
         self._closed = threading.Event()
+        self._reader: ThreadPoolExecutor | None = None  # runs next() for soft waits (made on first use)
+        self._next_answer: "Future[pb.StepResponse] | None" = None  # a next() in flight on the reader
         self._call = stub.Step(iter(self._requests.get, None))
         threading.Thread(target=self._watch, name=f"ninfer-step-watchdog-{generation}", daemon=True).start()
 
@@ -60,8 +68,14 @@ class StepStream:
             raise StreamBroken(self.broken)
         self._requests.put(msg)
 
-    def recv(self) -> pb.StepResponse:
-        """The next answer, waiting at most ``deadline_s`` seconds (plus the watchdog's tick).
+    def recv(self, timeout: float | None = None) -> pb.StepResponse | None:
+        """The next answer, waiting at most ``deadline_s`` seconds (plus the watchdog's tick) since the
+        first wait for it.
+
+        Args:
+            timeout: ``None``: block until the answer (or the deadline). Else a soft budget in seconds
+                (``0`` polls): when it passes first, returns ``None`` and the answer stays outstanding
+                (call again for it; no new message may be sent meanwhile).
 
         Raises:
             StreamBroken: the stream broke, ended, or gave no answer within the deadline (the stream
@@ -69,7 +83,28 @@ class StepStream:
         """
         if self.broken:
             raise StreamBroken(self.broken)
-        self._waiting_since = time.monotonic()
+        if not self._waiting_since:
+            self._waiting_since = time.monotonic()
+        if timeout is None and self._next_answer is None:
+            return self._next()  # the engine thread reads the answer itself: no thread hop
+        if self._next_answer is None:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"ninfer-step-reader-{self.generation}")
+            try:
+                self._next_answer = self._reader.submit(self._next)
+            except RuntimeError:  # closed (shut down) by a concurrent restart
+                raise StreamBroken(self.broken or "the stream was closed") from None
+        try:
+            r = self._next_answer.result(timeout)
+        except TimeoutError:  # concurrent.futures.TimeoutError is the builtin since Python 3.11
+            return None  # (an answer landing right now stays in the future for the next call)
+        except StreamBroken:
+            self._next_answer = None
+            raise
+        self._next_answer = None
+        return r
+
+    def _next(self) -> pb.StepResponse:
         try:
             return next(self._call)
         except grpc.RpcError as e:
@@ -88,3 +123,5 @@ class StepStream:
         self._closed.set()
         self._requests.put(None)
         self._call.cancel()
+        if self._reader is not None:
+            self._reader.shutdown(wait=False)

@@ -200,17 +200,24 @@ class Feeder(threading.Thread):
 
 
 def test_sigstop_hung_sidecar_is_replaced_health_flips_and_streams_finish(sup_stack) -> None:
+    """Also: the unconstrained stream never waits on the hung sidecar (deferred mask wait): it receives
+    tokens while the sidecar is stopped, before its deadline could even have passed."""
     from clients.client import NInferClient
 
     s = sup_stack
     restarts, replays = _metric(s, "ninfer_sidecar_restarts_total"), _metric(s, "ninfer_sidecar_replays_total")
+    deferred = _metric(s, "ninfer_mask_wait_deferred_total")
     with NInferClient(s.target) as c:
         watch, feeder = HealthWatch(s.target), Feeder(c)
         watch.start()
         feeder.start()
         n = 6
         streams = Streams(c, n)
-        streams.wait_started(1)
+        streams.wait_started(2)
+        end = time.monotonic() + 300
+        while not feeder.arrivals:  # the unconstrained stream decodes next to the constrained ones
+            assert time.monotonic() < end, "the unconstrained stream did not start"
+            time.sleep(0.05)
         pid = s.sidecar_pid()
         t_stop = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
@@ -234,8 +241,14 @@ def test_sigstop_hung_sidecar_is_replaced_health_flips_and_streams_finish(sup_st
         down = next(t for t, st in watch.changes if st == "NOT_SERVING" and t > t_stop)
         up = next(t for t, st in watch.changes if st == "SERVING" and t > down)
         during = [t for t in feeder.arrivals if down < t < up]
+        # stopped, not yet detected: from 1 s after SIGSTOP (tokens of steps answered before it) until
+        # 1 s before the deadline could pass (then the hung sidecar's rows are parked anyway)
+        hung = [t for t in feeder.arrivals if t_stop + 1.0 < t < min(down, t_stop + DEADLINE_S - 1.0)]
         print(f"health NOT_SERVING {down - t_stop:.2f} s after SIGSTOP (deadline {DEADLINE_S} s), SERVING again "
-              f"{up - down:.2f} s later; {len(during)} unconstrained token events meanwhile")
+              f"{up - down:.2f} s later; {len(hung)} unconstrained token events while stopped and undetected, "
+              f"{len(during)} while down")
+        assert hung, "the unconstrained stream waited on the hung sidecar (no token while it was stopped)"
+        assert _metric(s, "ninfer_mask_wait_deferred_total") - deferred >= 1
         assert during, "the unconstrained stream received no token while the sidecar was down"
         assert not feeder.errors, feeder.errors
         assert s.sidecar_pid() != pid  # the hung one was killed and replaced

@@ -49,7 +49,10 @@ class FakeSupervisor:
 
 class CrashingSidecar:
     """Answers Steps from the DFA; the ``crash_at``-th answer fails and the sidecar comes back as a new
-    generation with no sessions. ``prepare`` waits for ``release`` (the restart is slow)."""
+    generation with no sessions. ``prepare`` waits for ``release`` (the restart is slow). ``language``: the
+    DFA's allowed tokens per state (``LENGTH`` tokens, then EOS)."""
+
+    language = staticmethod(allowed)
 
     def __init__(self, ring: MaskRing, crash_at: int) -> None:
         self.ring, self.crash_at = ring, crash_at
@@ -76,7 +79,7 @@ class CrashingSidecar:
             raise SidecarUnavailable("restarted")
         self.msgs.append((seq, slot, rows))
 
-    def recv_step(self, seq):
+    def recv_step(self, seq, timeout=None):
         got, slot, rows = self.msgs.pop(0)
         assert got == seq
         self.recvs += 1
@@ -92,14 +95,14 @@ class CrashingSidecar:
             self.first_commits.setdefault(f"{row.request_id}@{self.generation}", list(row.commit_tokens))
             s = self.state[row.request_id]
             for t in row.commit_tokens:
-                assert allowed(s)[t], f"committed token {t} is illegal in state {s}"
+                assert self.language(s)[t], f"committed token {t} is illegal in state {s}"
                 s += 1
             self.state[row.request_id] = s
             if row.close:
                 del self.state[row.request_id]
                 out.append(StepRowResult(row.request_id, row.row, RowStatus.OK, s == LENGTH + 1, s == LENGTH + 1, ""))
                 continue
-            self.ring.bitmask(slot)[row.row][0] = oracle.bits_from_allowed(allowed(s))
+            self.ring.bitmask(slot)[row.row][0] = oracle.bits_from_allowed(self.language(s))
             st = self.ring.status(slot)[row.row]
             st[0], st[1:] = STATUS_READY, STATUS_UNREACHABLE
             out.append(StepRowResult(row.request_id, row.row, RowStatus.OK, False, False, ""))
@@ -129,9 +132,17 @@ def rig():
     table[:, EOS] = -5.0  # the unconstrained row runs to its budget
     made = []
 
-    def make(crash_at: int) -> tuple[Engine, CrashingSidecar]:
-        sc = CrashingSidecar(ring, crash_at)
-        eng = Engine(Program(Bigram(table), V, torch.device("cpu")), vocab, sidecar=sc, ring=ring)
+    def make(crash_at: int, sidecar_cls: type | None = None, executor: str = "eager",
+             **engine_kw) -> tuple[Engine, CrashingSidecar]:
+        """``executor``: ``eager`` (Program) or ``cuda-program`` (CudaProgram's static phases, eager on the CPU)."""
+        sc = (sidecar_cls or CrashingSidecar)(ring, crash_at)
+        if executor == "cuda-program":
+            from gpu_engine.executor.cuda_graph import CudaProgram
+
+            prog = CudaProgram(Bigram(table), V, torch.device("cpu"), ring, use_graphs=False, prefill_graphs="off")
+        else:
+            prog = Program(Bigram(table), V, torch.device("cpu"))
+        eng = Engine(prog, vocab, sidecar=sc, ring=ring, **engine_kw)
         made.append(eng)
         return eng, sc
 

@@ -78,7 +78,7 @@ class FakeSidecar:
     def send_step(self, seq, slot, rows, generation=None):
         self.msgs.append((seq, slot, rows))
 
-    def recv_step(self, seq):
+    def recv_step(self, seq, timeout=None):
         got, slot, rows = self.msgs.pop(0)
         assert got == seq
         self.ring.begin_write(slot, seq)
