@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# the engine's device in these tests: cpu in CI; NINFER_E2E_DEVICE=cuda runs the same real-process tests on a GPU
+E2E_DEVICE = os.environ.get("NINFER_E2E_DEVICE", "cpu")
 MODEL = Path(os.environ.get("NINFER_CACHE_DIR", Path.home() / ".cache" / "ninfer" / "models")) / \
     "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -42,7 +44,7 @@ class Stack:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 600.0) -> None:
-        cmd = [sys.executable, "-m", "gpu_engine", "--port", str(self.port), "--device", "cpu",
+        cmd = [sys.executable, "-m", "gpu_engine", "--port", str(self.port), "--device", E2E_DEVICE,
                "--max-lanes", "8", "--max-seq-len", "1024", "--log-level", "WARNING", *self.extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
