@@ -136,11 +136,13 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 self._closed(self._take_closing(), None, f"engine stopping: {e}")
             self._stop_supervision("the engine is stopping")
             self.sidecar.stop()
-        self.program.close()  # CUDA: unregister the ring before it is unmapped
-        if self.ring is not None:
-            self.ring.close()
-            self.ring.unlink()
-            self.ring = None
+        try:
+            self.program.close()  # CUDA: unregister the ring before it is unmapped
+        finally:  # the ring's name is removed even when the device is in a bad state
+            if self.ring is not None:
+                self.ring.close()
+                self.ring.unlink()
+                self.ring = None
 
     def _drain_waiting(self) -> list[Request]:
         out = []

@@ -91,8 +91,9 @@ def stack():
     s.extra += ["--metrics-port", str(s.metrics_port)]
     s.start()
     yield s
-    s.stop()
-    assert not shm_segments(s.port), f"shared-memory segments left behind: {shm_segments(s.port)}"
+    rc = s.stop()
+    assert not shm_segments(s.port), f"shared-memory segments left behind: {shm_segments(s.port)} (exit {rc}): " + \
+        "\n".join(s.lines[-30:])
 
 
 @pytest.fixture()

@@ -121,8 +121,8 @@ def sup_stack():
     s.extra += ["--metrics-port", str(s.metrics_port)]
     s.start()
     yield s
-    s.stop()
-    assert not shm_segments(s.port), shm_segments(s.port)
+    rc = s.stop()
+    assert not shm_segments(s.port), (shm_segments(s.port), rc, s.lines[-30:])
 
 
 def check_all_valid(streams: Streams, n: int) -> None:
