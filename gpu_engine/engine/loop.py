@@ -216,6 +216,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         if self._pending is not None:  # a Step answer is outstanding: poll it (block if nothing else can run)
             revived = self._settle_pending(block=not rows) or revived
             rows = self._runnable()
+            if not rows and self._pending is not None:
+                return True  # a request came in during the wait: admit it now (no Step while one is pending)
         if not rows:
             return (self._close_only_step() if self.sidecar is not None else False) or revived
         t0 = time.perf_counter()

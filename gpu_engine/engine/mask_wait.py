@@ -16,7 +16,9 @@ must not be overwritten): every constrained row sits out and finished rows' clos
 ``_closing``; the unconstrained rows keep stepping and each step polls the answer without blocking.
 When it arrives, the slot's sequence is checked, its masks are staged for the pending rows and they
 are sampled with their saved logits (speculative rows the same way: their drafts and ``[P, T, V]``
-logits are kept). A step left with only constrained rows blocks on the answer as before. When the
+logits are kept). A step left with only constrained rows waits for the answer, in slices of the soft
+budget: a request submitted meanwhile (with a free lane) ends the wait, the step becomes the pending
+one, and the new request is admitted at once (``--mask-soft-wait 0``: block, no thread hop). When the
 hard deadline (``--sidecar-deadline``) passes, the Step stream reports the sidecar lost and the
 pending rows take the supervision path (:mod:`gpu_engine.engine.supervision`: parked, re-prepared,
 replayed).
@@ -75,10 +77,32 @@ class MaskWait:
         return [r for r in self._lanes if r is not None and not r.parked and not (pending and r.constraint is not None)]
 
     def _soft_wait(self, rows: list[Request]) -> float | None:
-        """The soft budget for a step of ``rows`` (None: block, as a step of constrained rows only does)."""
+        """The soft budget for a step of ``rows`` (None: wait for the answer, see :meth:`_await`)."""
         if self.mask_soft_wait_s > 0 and any(r.constraint is None and not r.finished for r in rows):
             return self.mask_soft_wait_s
         return None
+
+    def _new_work(self) -> bool:
+        """A submitted request waits and a lane is free for it (it must not wait behind a mask wait)."""
+        return self._waiting.qsize() > 0 and any(lane is None for lane in self._lanes)
+
+    def _await(self, seq: int, timeout: float | None):
+        """The Step answer to ``seq``, or None when ``timeout`` passed first. ``timeout=None`` waits up to the
+        hard deadline, but in slices of the soft budget: between slices a newly submitted request that has a
+        free lane ends the wait (None), so it is admitted at once instead of waiting on a slow or hung
+        sidecar. With ``--mask-soft-wait 0`` the engine thread blocks on the answer itself (no thread hop).
+
+        Raises:
+            SidecarUnavailable: the stream broke or the hard deadline passed.
+        """
+        if timeout is not None:
+            return self.sidecar.recv_step(seq, timeout)
+        if self.mask_soft_wait_s <= 0:
+            return self.sidecar.recv_step(seq)
+        while True:
+            got = self.sidecar.recv_step(seq, self.mask_soft_wait_s)
+            if got is not None or self._new_work():
+                return got
 
     def _recv_masks(self, seq: int, batch: StepBatch, constrained: list[Request], closing: list,
                     timeout: float | None = None, waited_s: float = 0.0):
@@ -88,7 +112,7 @@ class MaskWait:
         slot, rows = batch.slot, batch.rows
         tw = time.perf_counter()
         try:
-            got = self.sidecar.recv_step(seq) if timeout is None else self.sidecar.recv_step(seq, timeout)
+            got = self._await(seq, timeout)
         except SidecarUnavailable as e:
             self._sidecar_lost(constrained, str(e), closing)
             return None, None, None
@@ -128,12 +152,12 @@ class MaskWait:
         pi = [i for i, r in enumerate(rows) if id(r) in con]
         ui = [i for i, r in enumerate(rows) if id(r) not in con]
         # index_select copies: the saved logits survive the executor's next forward (CUDA graphs reuse a buffer)
-        self._pending = _PendingStep(seq, batch.select(pi), logits.index_select(0, torch.tensor(pi).to(logits.device)),
+        self._pending = _PendingStep(seq, batch.select(pi), logits.index_select(0, torch.tensor(pi, dtype=torch.int64).to(logits.device)),
                                      closing, {r.lane: drafts[r.lane] for r in constrained if r.lane in drafts},
                                      self._waited_s)
         self.stats.mask_waits_deferred += 1
         self.metrics.mask_wait_deferred()
-        sel = torch.tensor(ui)
+        sel = torch.tensor(ui, dtype=torch.int64)  # may be empty: a step of constrained rows only
         return [rows[i] for i in ui], batch.select(ui).without_masks(), logits.index_select(0, sel.to(logits.device))
 
     def _settle_pending(self, block: bool) -> bool:

@@ -138,18 +138,51 @@ def test_a_pending_row_can_be_cancelled_and_its_close_rides_on_the_next_step(rig
     assert all(_finish(r).error is None and r.output_ids == WORD + [EOS] for r in reqs[1:])
 
 
-def test_with_only_constrained_rows_left_the_step_blocks_on_the_answer(rig):
+def test_with_only_constrained_rows_left_the_step_waits_for_the_answer(rig):
     eng, sc, reqs, free = _start(rig, n=2)
     sc.late = True
     eng.step()
     assert eng._pending is not None
-    free.cancel()  # no unconstrained row left: the next step waits for the answer (as a step without any does)
+    free.cancel()  # no unconstrained row left: the next step waits for the answer (in soft-budget slices)
     sc.late = False
+    n0 = len(sc.timeouts)
     eng.step()
-    assert sc.timeouts[-1] is None and eng._pending is None
+    assert eng._pending is None and sc.timeouts[n0] == eng.mask_soft_wait_s
     _drive(eng, lambda: _done(eng, reqs))
     assert all(r.output_ids == WORD + [EOS] for r in reqs)
-    assert all(t is None for t in sc.timeouts[-3:])  # constrained-only steps never take the soft path
+    assert eng.stats.mask_waits_deferred == 1  # nothing new came in: constrained-only steps were never split
+
+
+def test_a_request_submitted_during_a_constrained_only_wait_is_admitted_at_once(rig):
+    """A hung sidecar with only constrained rows resident must not hold a new unconstrained request in the
+    queue until the hard deadline: the sliced wait ends, the step becomes the pending one, and the new
+    request decodes while the answer is still outstanding."""
+    eng, sc, reqs, free = _start(rig, n=2)
+    free.cancel()
+    _drive(eng, lambda: free.finished and None in eng._lanes and eng._pending is None)
+    late_req = _req(10, constrained=False, max_tokens=30)
+    polls, recv = [], sc.recv_step
+
+    def recv_and_submit(seq, timeout=None):
+        polls.append(timeout)
+        if len(polls) == 3:  # the third slice of the wait: a client submits a request
+            eng.submit(late_req)
+        return recv(seq, timeout)
+
+    sc.recv_step = recv_and_submit
+    before = {r.request_id: list(r.output_ids) for r in reqs}
+    sc.late = True
+    eng.step()  # constrained rows only: waits in slices until the new request shows up
+    assert eng._pending is not None and eng.stats.mask_waits_deferred == 1
+    assert len(polls) == 3 and all(t == eng.mask_soft_wait_s for t in polls)
+    for _ in range(6):
+        eng.step()
+    assert len(late_req.output_ids) >= 5  # decoding while the answer is outstanding
+    assert {r.request_id: r.output_ids for r in reqs} == before
+    sc.late = False
+    _drive(eng, lambda: _done(eng, reqs + [late_req]))
+    assert all(_finish(r).error is None and r.output_ids == WORD + [EOS] for r in reqs)
+    assert _finish(late_req).error is None and len(late_req.output_ids) == 30
 
 
 def test_an_answer_past_the_hard_deadline_parks_and_replays_the_pending_rows(rig):
