@@ -5,7 +5,7 @@ all ``required``) is converted with the emitter's optional-property limit lifted
 (``emit.MAX_OPTIONAL_PROPERTIES``) and compiled with xgrammar against the SmolLM2 vocabulary, each size in
 its own child process killed after ``--limit`` seconds (``null`` = did not end).  The child also creates
 one matcher and accepts a document with every 7th property, and reports the growth of its peak RSS
-(``ru_maxrss``) over the compile and that match.  This is what ``MAX_OPTIONAL_PROPERTIES`` rests on.
+(``ru_maxrss``) over the compile and that match (0 while below the earlier peak of loading the vocabulary).  This is what ``MAX_OPTIONAL_PROPERTIES`` rests on.
 
 Usage::
 
