@@ -1,5 +1,8 @@
 """Compile cache: one immutable compiled grammar per key, shared by all requests.
 
+How one cold build runs (slots, deadline, abandoned threads, killable worker processes) is the mixin
+``compile_build.BuildRunner``; this module keeps the cache (keys, hits, waiters, budget, failures).
+
 Seed 000 §编译与缓存, issue 3 "Compilation and cache":
 
 * key = (kind, canonical source, compile options, output wrapper id,
@@ -49,42 +52,22 @@ Seed 000 §编译与缓存, issue 3 "Compilation and cache":
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .backend import Backend, CompiledConstraint, XGrammarBackend
-from .compile_pool import CompilePool, WorkerCrashed
+from .compile_build import SMALL_SOURCE_BYTES, Build, BuildRunner
+from .compile_pool import CompilePool
 from .errors import ConstraintError
-from .registry import kind_entry, user_input_error
-from .tools.wrap import Wrapped, wrapped_grammar
+from .registry import kind_entry
+from .tools.wrap import Wrapped
 from .types import CacheStatus, CompileInfo, ConstraintKind, ConstraintSpec
 from .vocab import Vocabulary
 
 __all__ = ["CompileStats", "ConstraintCompiler", "SMALL_SOURCE_BYTES"]
-
-#: Sources up to this size are admitted while the abandoned-compile pool is full.
-SMALL_SOURCE_BYTES = 16 << 10
-
-
-def _lower_priority(native_id: int) -> None:
-    """Best effort: give an abandoned compile thread the lowest CPU priority (nice 19).
-
-    Linux schedules threads individually and lets any thread raise its own
-    niceness, so the abandoned compile only uses CPU the serving threads and
-    live compiles leave idle.  xgrammar runs a ``max_threads=1`` compile on
-    the calling thread (no pool thread), so this covers all of its work.
-    """
-    if not native_id or not hasattr(os, "setpriority"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, native_id, 19)
-    except OSError:
-        pass
-
 
 #: The model output wrapper of a plain body; thinking/tool wrappers are the canonical JSON of the
 #: request's output plan (``ConstraintSpec.wrapper``).
@@ -104,21 +87,7 @@ class CompileStats:
     killed: int = 0  # compile worker processes killed at the deadline (``isolate=True``)
 
 
-@dataclass
-class _Build:
-    key: tuple
-    finished: threading.Event = field(default_factory=threading.Event)  # worker done
-    settled: threading.Event = field(default_factory=threading.Event)  # outcome published
-    result: Optional[CompiledConstraint] = None
-    error: Optional[BaseException] = None
-    abandoned: bool = False  # the owner gave up (deadline); the worker settles late
-    started: bool = False  # a worker thread runs / ran it
-    native_id: int = 0  # the worker's OS thread id (for re-nicing when abandoned)
-    size: int = 0  # source bytes (admission while the abandoned pool is full)
-    spec: Optional[ConstraintSpec] = None  # what to compile (sent to a compile worker process)
-
-
-class ConstraintCompiler:
+class ConstraintCompiler(BuildRunner):
     """Compile cache for one vocabulary (thread-safe).
 
     Args:
@@ -166,7 +135,7 @@ class ConstraintCompiler:
         self._abandoned = 0
         self._entries: "OrderedDict[tuple, CompiledConstraint]" = OrderedDict()
         self._bytes = 0
-        self._inflight: dict[tuple, _Build] = {}
+        self._inflight: dict[tuple, Build] = {}
         self._failures: "OrderedDict[tuple, ConstraintError]" = OrderedDict()
         self._evict_pending = False
         self._pool: Optional[CompilePool] = CompilePool(self.vocab, self.max_cold_compiles) if isolate else None
@@ -258,7 +227,7 @@ class ConstraintCompiler:
             build = self._inflight.get(key)
             owner = build is None
             if owner:
-                build = _Build(key, size=size, spec=spec)
+                build = Build(key, size=size, spec=spec)
                 self._inflight[key] = build
         if not owner:
             # the same key is being built (possibly by an abandoned worker): wait for it,
@@ -327,143 +296,7 @@ class ConstraintCompiler:
             "",
         )
 
-    def _may_start_locked(self, size: int) -> bool:
-        if self._running >= self.max_cold_compiles:
-            return False
-        if size > SMALL_SOURCE_BYTES:
-            return self._abandoned < self.max_abandoned_compiles
-        return self._abandoned < 4 * max(1, self.max_abandoned_compiles)
-
-    def _acquire_slot(self, size: int = 0, deadline: Optional[float] = None) -> None:
-        """Take a compile slot, waiting at most until ``deadline`` (CompileTimeout after)."""
-        with self._slot_cv:
-            while not self._may_start_locked(size):
-                if deadline is None:
-                    self._slot_cv.wait()
-                    continue
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    raise ConstraintError(
-                        "CompileTimeout",
-                        "no compile slot became free before the compile deadline "
-                        f"({self.compile_timeout_s:g} s); the server is busy compiling, retry later",
-                        "",
-                    )
-                self._slot_cv.wait(left)
-            self._running += 1
-
-    def _run_owned_build(self, build: _Build, kind: ConstraintKind, canon: Any,
-                         deadline: Optional[float] = None) -> None:
-        if deadline is None:
-            deadline = time.perf_counter() + self.compile_timeout_s
-        backend = self.backend  # lazy vocabulary index, charged to this prepare
-        self._acquire_slot(build.size, deadline)
-        if self._pool is not None:
-            self._run_isolated(build, backend, kind, deadline)
-            return
-        worker = threading.Thread(
-            target=self._worker, args=(build, backend, kind, canon),
-            name=f"ninfer-compile-{kind}", daemon=True,
-        )
-        try:
-            with self._slot_cv:
-                build.started = True
-            worker.start()
-        except BaseException:
-            with self._slot_cv:
-                build.started = False
-                self._running -= 1
-                self._slot_cv.notify_all()
-            raise
-        build.finished.wait(max(0.0, deadline - time.perf_counter()))
-        with self._slot_cv:
-            if not build.finished.is_set():
-                # abandoned: the slot goes back now, the thread keeps running at low priority
-                build.abandoned = True
-                self._running -= 1
-                self._abandoned += 1
-                self._slot_cv.notify_all()
-                _lower_priority(build.native_id)
-
-    def _run_isolated(self, build: _Build, backend: Backend, kind: ConstraintKind, deadline: float) -> None:
-        """Prove the compile in a worker process (killed at ``deadline``), then compile its grammar here;
-        runs on the owner's thread with a slot held, never abandoned."""
-        result = error = None
-        try:
-            build.started = True
-            text, _ = self._pool.prove(build.spec, deadline)
-            result = self.compile_grammar(backend, kind, backend.grammar_from_text(text), build.key)
-        except ConstraintError as exc:
-            error = exc
-            if exc.kind == "CompileTimeout":
-                with self._lock:
-                    self.stats.killed = self._pool.kills
-        except WorkerCrashed as exc:  # e.g. out of memory on a huge constraint: not remembered
-            error = ConstraintError(kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema",
-                                    f"the grammar compiler failed on this constraint ({exc})", "")
-            error.transient = True  # may depend on load (memory): never remembered
-        except Exception as exc:  # noqa: BLE001 - user input we failed to convert
-            error = user_input_error(kind, exc)
-        with self._slot_cv:
-            self._running -= 1
-            build.result, build.error = result, error
-            build.finished.set()
-            self._slot_cv.notify_all()
-
-    def _worker(self, build: _Build, backend: Backend, kind: ConstraintKind, canon: Any) -> None:
-        build.native_id = threading.get_native_id()
-        with self._slot_cv:
-            if build.abandoned:  # given up before this thread ran: re-nice ourselves
-                _lower_priority(build.native_id)
-        result = error = None
-        try:
-            result = self._build_grammar(backend, kind, canon, build.key)
-        except ConstraintError as exc:
-            error = exc
-        except Exception as exc:  # noqa: BLE001 - user input we failed to convert
-            error = user_input_error(kind, exc)
-        except BaseException as exc:  # noqa: BLE001 - reported to the owner
-            error = exc
-        with self._slot_cv:
-            if build.abandoned:
-                self._abandoned -= 1
-            else:
-                self._running -= 1
-            build.result, build.error = result, error
-            build.finished.set()
-            late = build.abandoned
-            self._slot_cv.notify_all()
-        if late:
-            self._settle(build)
-
-    def _build_grammar(self, backend: Backend, kind: ConstraintKind | None, canon: Any, key: tuple) -> CompiledConstraint:
-        """Convert and compile; runs on a worker thread."""
-        return self.compile_grammar(backend, kind, self.grammar_of(backend, kind, canon), key)
-
-    @staticmethod
-    def grammar_of(backend: Backend, kind: ConstraintKind | None, canon: Any) -> Any:
-        """The backend grammar of a canonical source (the kind's registry entry, or the tool/thinking
-        builder for a wrapped constraint).
-
-        Raises:
-            ConstraintError: the kind's error kind; other exceptions for input the converter failed on.
-        """
-        if isinstance(canon, Wrapped):
-            return wrapped_grammar(backend, kind, canon)
-        return kind_entry(kind).to_grammar(backend, canon)
-
-    @staticmethod
-    def compile_grammar(backend: Backend, kind: ConstraintKind | None, grammar: Any, key: tuple) -> CompiledConstraint:
-        """Compile a backend grammar (eagerly: every token mask is built now).
-
-        Raises:
-            ConstraintError: the kind's error kind when the backend rejects it.
-        """
-        error_kind = kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema"
-        return backend.compile(grammar, kind=kind_entry(kind).kind if kind is not None else None, key=key,
-                               error_kind=error_kind)
-
-    def _settle(self, build: _Build) -> None:
+    def _settle(self, build: Build) -> None:
         """Publish a finished build: cache the result or remember a deterministic failure."""
         with self._lock:
             if self._inflight.get(build.key) is build:

@@ -20,11 +20,12 @@ from contextlib import nullcontext
 from typing import Any, Iterable
 
 _configured = False
+_silent_provider: Any = None  # the provider setup_tracing installed without any exporter (spans go nowhere)
 
 
 def setup_tracing(service_name: str) -> None:
     """Install a global TracerProvider for ``service_name`` (idempotent)."""
-    global _configured
+    global _configured, _silent_provider
     if _configured:
         return
     _configured = True
@@ -36,16 +37,35 @@ def setup_tracing(service_name: str) -> None:
     except ImportError:
         return
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    exporting = False
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            exporting = True
         except ImportError:
             pass
     if os.environ.get("NINFER_TRACE_CONSOLE") == "1":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+        exporting = True
+    if not exporting:
+        _silent_provider = provider
     trace.set_tracer_provider(provider)
+
+
+def tracing_active() -> bool:
+    """True when spans go somewhere: :func:`setup_tracing` installed an exporter, or the application
+    installed a tracer provider of its own.  False without OpenTelemetry, with the default (proxy/no-op)
+    provider, or with the exporter-less provider of :func:`setup_tracing`.  One global read: hot paths
+    (the engine's per-step span and its links) check it to cost nothing when tracing is off."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return False
+    provider = trace.get_tracer_provider()
+    return not (provider is _silent_provider
+                or isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)))
 
 
 def get_tracer(name: str) -> Any:

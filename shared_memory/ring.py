@@ -36,6 +36,7 @@ from types import TracebackType
 import numpy
 import posix_ipc
 
+from ninfer_common.liveness import creator_alive
 from shared_memory.errors import RingError, StaleSlotError, TornSlotError
 from shared_memory.layout import (
     BITMASK_DTYPE,
@@ -52,8 +53,6 @@ from shared_memory.layout import (
 from shared_memory.segment import SEGMENT_MODE, default_ring_name, normalize_name, remove_segment
 
 logger = logging.getLogger(__name__)
-# A process that started more than this many seconds after a segment's last change is not its creator.
-PID_REUSE_SLACK_S = 0.1
 
 __all__ = ["MaskRing", "default_ring_name", "remove_segment"]
 
@@ -395,37 +394,6 @@ class MaskRing:
                 slot=slot, expected=seq, seq_begin=begin, seq_end=end)
 
 
-def _process_start_wall_s(pid: int) -> float | None:
-    """Wall-clock start time of ``pid`` in seconds (Linux ``/proc``; ~10 ms resolution), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError):
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; field 22 (starttime) is index 19
-    start_ticks = int(fields[19])
-    return time.time() - (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
-
-
-def _creator_alive(pid: int, segment_ctime_s: float) -> bool:
-    """True when the process that created a segment last changed at ``segment_ctime_s`` may be alive.
-
-    A process ``pid`` that exists but started after the segment's last change cannot be its creator:
-    the pid was reused (e.g. pid 1 of a restarted container, or this very process). Where the start
-    time is unknown (no ``/proc``), an existing pid counts as alive.
-    """
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    started = _process_start_wall_s(pid)
-    return started is None or started <= segment_ctime_s + PID_REUSE_SLACK_S
-
-
 def _remove_if_stale(bare: str) -> None:
     """Unlink segment ``bare`` if it exists and its creator is dead; raise if its creator may be alive.
 
@@ -448,7 +416,7 @@ def _remove_if_stale(bare: str) -> None:
     if header is None or header.magic != MAGIC:
         raise RingError(f"ring segment /dev/shm/{bare} exists but is not a readable NInfer ring; refusing to "
                         "remove it (delete it by hand if no server uses it)")
-    if _creator_alive(header.creator_pid, ctime_s):
+    if creator_alive(header.creator_pid, ctime_s):
         raise RingError(f"ring segment /dev/shm/{bare} belongs to the live process {header.creator_pid} "
                         "(is another server running on this port?)")
     if remove_segment(bare):

@@ -103,6 +103,7 @@ class Object(Node):
     max_props: int | None = None
     regions: list = field(default_factory=list)   # [(indices of matching patterns, node)], non-empty sets
     where: str = ""            # JSON Pointer of patternProperties / minProperties (errors)
+    props_where: str = ""      # JSON Pointer of the `properties` keyword (errors: the optional-property limit)
 
 
 TYPE_NAMES = ("null", "boolean", "object", "array", "number", "string", "integer")

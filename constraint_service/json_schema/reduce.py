@@ -793,6 +793,7 @@ class Reducer:
             o = Object(props, req, add, pats, mnp, mxp)
             o.regions = self.regions(pats, ptr + "/patternProperties")
             o.where = ptr + "/patternProperties" if pats else ptr
+            o.props_where = ptr + "/properties"
             # a declared property also satisfies every patternProperties schema whose pattern it matches
             o.props = [(k, self.intersect(v, self.pattern_schema(o, k, ptr), ptr + "/patternProperties"))
                        for k, v in props]
@@ -1071,6 +1072,7 @@ class Reducer:
             o = Object(props, req, add, pats, max(a.min_props, b.min_props), min(mxs) if mxs else None)
             o.regions = regions
             o.where = a.where if a.patterns else b.where
+            o.props_where = a.props_where or b.props_where
             return self.norm_object(o)
         return NEVER
 

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from ninfer_common.telemetry import get_tracer, links_to
+from ninfer_common.telemetry import get_tracer, links_to, tracing_active
 from shared_memory.ring import MaskRing
 
 from ninfer_common.errors import RowError, Status
@@ -225,16 +225,25 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         n_timings = len(timings) if timings is not None else 0
         n_waits = len(self.stats.per_step_wait_ms)
         prefill = any(not r.output_ids for r in rows)
-        # telemetry hook (issue 14 (9)): a step span links to the request spans of its rows
-        with _tracer.start_as_current_span("engine.step", links=links_to(r.trace_context for r in rows)) as span:
-            span.set_attribute("ninfer.batch_size", len(rows))
-            self._step_rows(rows)
+        self._traced_step_rows(rows)
         dt = time.perf_counter() - t0
         self.stats.step_s += dt
         self.metrics.step_done(dt)
         self.stats.steps += 1
         self._record_idle(dt, timings, n_timings, n_waits, prefill)
         return True
+
+    def _traced_step_rows(self, rows) -> None:
+        """Run the step's rows; with tracing on, inside an ``engine.step`` span linked to the rows'
+        request spans (issue 14 (9)).  Without a tracer provider that exports
+        (:func:`~ninfer_common.telemetry.tracing_active` False) neither the span nor its links are built:
+        the per-step cost is one global read."""
+        if not tracing_active():
+            self._step_rows(rows)
+            return
+        with _tracer.start_as_current_span("engine.step", links=links_to(r.trace_context for r in rows)) as span:
+            span.set_attribute("ninfer.batch_size", len(rows))
+            self._step_rows(rows)
 
     def _record_idle(self, dt: float, timings, n_timings: int, n_waits: int, prefill: bool) -> None:
         """GPU idle of the step just run (EngineStats.per_step_gpu_idle_ms, milliseconds): with CUDA-event

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
+import stat as st
 import struct
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
 from ninfer_common.grpc_status import detail_from_rpc_error
+from ninfer_common.liveness import creator_alive
 from ninfer_common.telemetry import instrument_channel
 
 from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
@@ -39,7 +42,47 @@ from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
 from gpu_engine.sidecar.stream import StepStream, StreamBroken
 
-__all__ = ["PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow", "StepRowResult"]
+__all__ = ["PRIVATE_DIR_PREFIX", "PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow",
+           "StepRowResult", "sweep_stale_private_dirs"]
+
+#: ``$TMPDIR/ninfer-sidecar-<engine pid>-<random>``: the engine's private socket directory (0700).
+PRIVATE_DIR_PREFIX = "ninfer-sidecar-"
+
+
+def sweep_stale_private_dirs(tmpdir: str | None = None) -> list[str]:
+    """Remove the private socket directories that SIGKILLed engines left behind; returns the paths removed.
+
+    Only directories named ``ninfer-sidecar-<pid>-<random>`` (directories, not links), owned by our uid,
+    whose creator ``pid`` is provably dead (:func:`ninfer_common.liveness.creator_alive` against the
+    directory's ``st_ctime``: no such process, or one started after the directory last changed) are
+    removed; a live engine's directory, another user's, and names without a pid (before this scheme)
+    are left alone.  Errors (a directory removed meanwhile by another engine) are ignored.
+    """
+    base = tmpdir or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    pattern = re.compile(re.escape(PRIVATE_DIR_PREFIX) + r"(\d+)-[^/]+")
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m is None:
+            continue
+        path = os.path.join(base, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not st.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        if creator_alive(int(m.group(1)), info.st_ctime):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            removed.append(path)
+            log.info("removed the stale sidecar directory %s (its engine pid %s is gone)", path, m.group(1))
+    return removed
 _CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
           pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
 
@@ -94,7 +137,9 @@ class Sidecar:
         self._lost = False
         self._private_dir: str | None = None
         if socket_path is None:
-            self._private_dir = tempfile.mkdtemp(prefix="ninfer-sidecar-")  # mode 0700, unpredictable name
+            sweep_stale_private_dirs()
+            # mode 0700, unpredictable name; our pid in it proves the directory stale once we are dead
+            self._private_dir = tempfile.mkdtemp(prefix=f"{PRIVATE_DIR_PREFIX}{os.getpid()}-")
             socket_path = os.path.join(self._private_dir, "constraint.sock")
         self.socket_path = socket_path
         self.vocab = vocab

@@ -85,9 +85,21 @@ def _wait_gone(pid: int, timeout_s: float = 20.0) -> bool:
     return False
 
 
-def test_no_segment_after_stop_and_after_sigkill(own_stack):
+def _private_dirs(engine_pid: int) -> list[Path]:
+    """The engine's private sidecar socket directories (``$TMPDIR/ninfer-sidecar-<pid>-*``)."""
+    import tempfile
+
+    return sorted(Path(tempfile.gettempdir()).glob(f"ninfer-sidecar-{engine_pid}-*"))
+
+
+def test_no_segment_after_stop_and_after_sigkill(own_stack, stack):
+    """... and no private socket directory either (issue 14): a SIGKILLed engine leaves its directory
+    behind; the next engine's start-up removes it (its pid is provably dead) and keeps a live engine's
+    (the session ``stack``)."""
     from clients.client import NInferClient
 
+    live = _private_dirs(stack.proc.pid)
+    assert len(live) == 1 and live[0].stat().st_mode & 0o777 == 0o700, live
     s = own_stack
     s.start()
     assert shm_segments(s.port), "the engine should own a ring segment while running"
@@ -110,13 +122,18 @@ def test_no_segment_after_stop_and_after_sigkill(own_stack):
     while shm_segments(s.port) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not shm_segments(s.port), shm_segments(s.port)
+    stale = _private_dirs(s.proc.pid)
+    assert len(stale) == 1, stale  # nobody could remove it: its owner died without cleaning up
     # Restart on the same port, then a normal stop: nothing remains.
     s2 = Stack(s.port)
     s2.start()
+    assert not stale[0].exists(), "the SIGKILLed engine's private directory survived the next start-up"
+    assert _private_dirs(stack.proc.pid) == live and live[0].exists(), "a live engine's directory was removed"
+    assert len(_private_dirs(s2.proc.pid)) == 1
     with NInferClient(s2.target) as c:
         assert c.generate_text(prompt="b", max_tokens=2, temperature=0).error is None
     assert s2.stop() == 0
-    assert not shm_segments(s.port)
+    assert not shm_segments(s.port) and not _private_dirs(s2.proc.pid)
 
 
 def test_sidecar_death_mid_request_loses_nothing(own_stack):
@@ -206,3 +223,23 @@ def test_oversized_request_id_is_refused_and_constrained_serving_survives(client
     ok = client.generate_text(prompt="N:", constraint={"regex": "[0-9]{1,3}"}, max_tokens=3, temperature=0,
                               request_id="r" * 256)
     assert ok.error is None and re.fullmatch("[0-9]{1,3}", ok.text), ok
+
+
+def test_api_flat_objects_limited_by_size_with_a_located_error(client):
+    """Issue 14 defect 8 through the public API: 5,000 optional properties are a located UnsupportedSchema
+    (the ``properties`` keyword's JSON Pointer, the limit named) instead of a CompileTimeout; 5,000
+    required ones are served."""
+    from clients.errors import RequestRejected
+    from constraint_service.json_schema.emit import MAX_OPTIONAL_PROPERTIES
+
+    props = {f"p{i}": {"type": "integer"} for i in range(5000)}
+    optional = {"type": "object", "properties": {"flat": {"type": "object", "properties": props}}}
+    with pytest.raises(RequestRejected) as ei:
+        client.generate_text(prompt="x", constraint={"json_schema": json.dumps(optional)}, max_tokens=4)
+    e = ei.value
+    assert (e.kind, e.code, e.location) == ("UnsupportedSchema", "INVALID_ARGUMENT", "/properties/flat/properties"), e
+    assert str(MAX_OPTIONAL_PROPERTIES) in e.message, e
+    required = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    r = client.generate_text(prompt="x", constraint={"json_schema": json.dumps(required)}, max_tokens=6,
+                             temperature=0)
+    assert r.error is None and r.text.startswith('{"p0":'), r
