@@ -452,8 +452,22 @@ def ecma_to_python(pat: str) -> str:
 _ORACLE_CACHE: dict = {}
 
 
+def _ecma_rx(patrn: str):
+    """Compiled Python regex with the ECMAScript search semantics of `patrn` (cached)."""
+    rx = _PY_RX.get(patrn)
+    if rx is None:
+        try:
+            rx = re.compile(ecma_to_python(patrn))
+        except (OracleUnsupported, re.error) as e:
+            raise OracleUnsupported(f"pattern {patrn!r}: {e}")
+        _PY_RX[patrn] = rx
+    return rx
+
+
 def oracle_validator(schema, formats="asserted"):
-    """jsonschema validator for `schema` whose `pattern` uses ECMAScript semantics (ecma_to_python).
+    """jsonschema validator for `schema` whose `pattern`, `patternProperties` and (through the keys those
+    match) `additionalProperties` use ECMAScript regex semantics (ecma_to_python; `jsonschema` itself uses
+    Python's `re`, whose `.` and `$` differ, e.g. on "\\r" in a key).
     formats: "asserted" (the draft's checkers, _format_checker), "generation" (also refusing what the
     generation form leaves out) or "annotation" (no format checked)."""
     import jsonschema
@@ -463,16 +477,29 @@ def oracle_validator(schema, formats="asserted"):
         def pattern(validator, patrn, instance, _schema):
             if not validator.is_type(instance, "string"):
                 return
-            rx = _PY_RX.get(patrn)
-            if rx is None:
-                try:
-                    rx = re.compile(ecma_to_python(patrn))
-                except (OracleUnsupported, re.error) as e:
-                    raise OracleUnsupported(f"pattern {patrn!r}: {e}")
-                _PY_RX[patrn] = rx
-            if not rx.search(instance):
+            if not _ecma_rx(patrn).search(instance):
                 yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
-        cls = jsonschema.validators.extend(base, {"pattern": pattern})
+
+        def pattern_properties(validator, pp, instance, _schema):
+            if not validator.is_type(instance, "object"):
+                return
+            for patrn, sub in pp.items():
+                for k, v in instance.items():
+                    if _ecma_rx(patrn).search(k):
+                        yield from validator.descend(v, sub, path=k, schema_path=patrn)
+
+        def additional_properties(validator, ap, instance, schema_):
+            if not validator.is_type(instance, "object"):
+                return
+            props, pats = schema_.get("properties", {}), schema_.get("patternProperties", {})
+            extras = [k for k in instance if k not in props and not any(_ecma_rx(p).search(k) for p in pats)]
+            if validator.is_type(ap, "object"):
+                for k in extras:
+                    yield from validator.descend(instance[k], ap, path=k)
+            elif not ap and extras:
+                yield jsonschema.ValidationError(f"additional properties {sorted(extras)!r} are not allowed")
+        cls = jsonschema.validators.extend(base, {"pattern": pattern, "patternProperties": pattern_properties,
+                                                  "additionalProperties": additional_properties})
         _ORACLE_CACHE[base] = cls
     if formats == "annotation":
         return cls(schema)
