@@ -82,8 +82,9 @@ INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 def outside_generation_form(v) -> bool:
     """True when a value cannot be written in the generation form of the contract (seed 000 numbers:
-    integers are signed 64-bit literals), so a refusal of it is not over-constraint. Only integers beyond
-    int64 qualify; everything else counts as a completeness miss when refused."""
+    integers are signed 64-bit literals), so a refusal of it is not over-constraint. Integers beyond
+    int64 qualify here; formatted strings outside the form (hostname A-labels) through
+    `outside_format_form`; everything else counts as a completeness miss when refused."""
     if isinstance(v, bool):
         return False
     if isinstance(v, int):
@@ -93,6 +94,27 @@ def outside_generation_form(v) -> bool:
     if isinstance(v, dict):
         return any(outside_generation_form(x) for x in v.values())
     return False
+
+
+def _oracle_verdict(schema, data, formats):
+    """True / False: `data` valid / invalid per oracle_validator(schema, formats); None: no verdict."""
+    try:
+        return next(iter(oracle_validator(schema, formats).iter_errors(data)), None) is None
+    except Exception:  # noqa: BLE001 - OracleUnsupported, or an oracle crash: no verdict
+        return None
+
+
+def outside_format_form(schema, data) -> bool:
+    """True when `data` is valid with formats asserted but a format value in it is outside the
+    generation form (a hostname with an A-label): `jsonschema` itself decides where a format applies."""
+    return _oracle_verdict(schema, data, "asserted") is True and _oracle_verdict(schema, data, "generation") is False
+
+
+def format_asserted(schema, data) -> bool:
+    """True when a dataset-valid `data` is valid only because `format` is an annotation by default (2020-12
+    Format-Annotation vocabulary): valid with formats as annotations, invalid with formats asserted. The
+    contract asserts `format`, so such an instance is invalid here (never counted as a miss or a pass)."""
+    return _oracle_verdict(schema, data, "annotation") is True and _oracle_verdict(schema, data, "asserted") is False
 
 
 UNKNOWN_KEYWORDS = "annotate"
@@ -269,7 +291,7 @@ def evaluate_record(rec, *, want_ebnf=False, mutations=None):
         return out, None
     out["convert_s"] = time.perf_counter() - t0
     out["status"] = "accepted"
-    vt = va = it = iv = vo = 0
+    vt = va = it = iv = vo = fa = 0
     violations = []
     misses = []
     valid_values = []
@@ -279,8 +301,14 @@ def evaluate_record(rec, *, want_ebnf=False, mutations=None):
         except (ValueError, TypeError):
             continue
         ok = accepts(compiled, data)
-        if t["valid"] and not ok and outside_generation_form(t["data"]):
+        if t["valid"] and not ok and (outside_generation_form(t["data"]) or outside_format_form(schema, t["data"])):
             vo += 1  # e.g. an integer beyond int64: outside the contract's generation form, not a miss
+            continue
+        if t["valid"] and format_asserted(schema, t["data"]):
+            fa += 1  # valid only as a format annotation; the contract asserts format: must be refused
+            if ok:
+                iv += 1
+                violations.append("format-asserted: " + data.decode("utf-8", "replace")[:300])
             continue
         if t["valid"]:
             vt += 1
@@ -294,7 +322,8 @@ def evaluate_record(rec, *, want_ebnf=False, mutations=None):
             if ok:
                 iv += 1
                 violations.append(data.decode("utf-8", "replace")[:300])
-    out.update(valid_total=vt, valid_accepted=va, invalid_total=it, invalid_accepted=iv, valid_outside_form=vo)
+    out.update(valid_total=vt, valid_accepted=va, invalid_total=it, invalid_accepted=iv, valid_outside_form=vo,
+               valid_format_asserted=fa)
     per = MUTATIONS if mutations is None else mutations
     if per > 0:
         try:
@@ -423,8 +452,24 @@ def ecma_to_python(pat: str) -> str:
 _ORACLE_CACHE: dict = {}
 
 
-def oracle_validator(schema):
-    """jsonschema validator for `schema` whose `pattern` uses ECMAScript semantics (ecma_to_python)."""
+def _ecma_rx(patrn: str):
+    """Compiled Python regex with the ECMAScript search semantics of `patrn` (cached)."""
+    rx = _PY_RX.get(patrn)
+    if rx is None:
+        try:
+            rx = re.compile(ecma_to_python(patrn))
+        except (OracleUnsupported, re.error) as e:
+            raise OracleUnsupported(f"pattern {patrn!r}: {e}")
+        _PY_RX[patrn] = rx
+    return rx
+
+
+def oracle_validator(schema, formats="asserted"):
+    """jsonschema validator for `schema` whose `pattern`, `patternProperties` and (through the keys those
+    match) `additionalProperties` use ECMAScript regex semantics (ecma_to_python; `jsonschema` itself uses
+    Python's `re`, whose `.` and `$` differ, e.g. on "\\r" in a key).
+    formats: "asserted" (the draft's checkers, _format_checker), "generation" (also refusing what the
+    generation form leaves out) or "annotation" (no format checked)."""
     import jsonschema
     base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls = _ORACLE_CACHE.get(base)
@@ -432,26 +477,71 @@ def oracle_validator(schema):
         def pattern(validator, patrn, instance, _schema):
             if not validator.is_type(instance, "string"):
                 return
-            rx = _PY_RX.get(patrn)
-            if rx is None:
-                try:
-                    rx = re.compile(ecma_to_python(patrn))
-                except (OracleUnsupported, re.error) as e:
-                    raise OracleUnsupported(f"pattern {patrn!r}: {e}")
-                _PY_RX[patrn] = rx
-            if not rx.search(instance):
+            if not _ecma_rx(patrn).search(instance):
                 yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
-        cls = jsonschema.validators.extend(base, {"pattern": pattern})
+
+        def pattern_properties(validator, pp, instance, _schema):
+            if not validator.is_type(instance, "object"):
+                return
+            for patrn, sub in pp.items():
+                for k, v in instance.items():
+                    if _ecma_rx(patrn).search(k):
+                        yield from validator.descend(v, sub, path=k, schema_path=patrn)
+
+        def additional_properties(validator, ap, instance, schema_):
+            if not validator.is_type(instance, "object"):
+                return
+            props, pats = schema_.get("properties", {}), schema_.get("patternProperties", {})
+            extras = [k for k in instance if k not in props and not any(_ecma_rx(p).search(k) for p in pats)]
+            if validator.is_type(ap, "object"):
+                for k in extras:
+                    yield from validator.descend(instance[k], ap, path=k)
+            elif not ap and extras:
+                yield jsonschema.ValidationError(f"additional properties {sorted(extras)!r} are not allowed")
+        cls = jsonschema.validators.extend(base, {"pattern": pattern, "patternProperties": pattern_properties,
+                                                  "additionalProperties": additional_properties})
         _ORACLE_CACHE[base] = cls
-    return cls(schema, format_checker=_format_checker(cls))
+    if formats == "annotation":
+        return cls(schema)
+    return cls(schema, format_checker=_format_checker(cls, generation_form=formats == "generation"))
 
 
-def _format_checker(cls):
+_LEAP = re.compile(r"(?P<head>(?:.*[Tt])?[0-9]{2}:[0-9]{2}):60(?P<tail>(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2}))\Z",
+                   re.S)
+
+
+def _leap_second_ok(s: str, base) -> bool:
+    """RFC 3339 5.7 leap second as the JSON Schema Test Suite reads it: `s` with second 60 is valid when
+    the same text with second 59 passes `base` (the draft's own checker) and the time converted to UTC
+    is 23:59 (local time minus the offset)."""
+    m = _LEAP.match(s)
+    if not m or not base(m["head"] + ":59" + m["tail"]):
+        return False
+    hh, mm = int(m["head"][-5:-3]), int(m["head"][-2:])
+    off = m["tail"].lstrip(".0123456789")
+    offset = 0 if off in "Zz" else (1 if off[0] == "+" else -1) * (int(off[1:3]) * 60 + int(off[4:6]))
+    return (hh * 60 + mm - offset) % 1440 == 23 * 60 + 59
+
+
+def _format_checker(cls, generation_form=False):
     """The draft's format checker (formats asserted, as the converter enforces them) plus OpenAPI's
-    int32 / int64 (integer in the signed 32/64-bit range)."""
+    int32 / int64 (integer in the signed 32/64-bit range); time / date-time also accept RFC 3339 leap
+    seconds (`jsonschema`'s rfc3339-validator refuses every second 60, the Test Suite does not).
+    generation_form: also refuse what the contract's generation form leaves out (README): hostnames with a
+    punycode A-label ("xn--", whose validity needs IDNA2008 decoding)."""
     import jsonschema
     fc = jsonschema.FormatChecker(list(cls.FORMAT_CHECKER.checkers))
     fc.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    for name in ("time", "date-time"):
+        if name in fc.checkers:
+            def leap(v, _base=fc.checkers[name][0]):
+                ok = _base(v)
+                return ok or (isinstance(v, str) and _leap_second_ok(v, _base))
+            fc.checkers[name] = (leap, fc.checkers[name][1])
+    if generation_form and "hostname" in fc.checkers:
+        def no_alabel(v, _base=fc.checkers["hostname"][0]):
+            return _base(v) and not (isinstance(v, str) and any(x[:4].lower() == "xn--" for x in v.split(".")))
+        fc.checkers["hostname"] = (no_alabel, fc.checkers["hostname"][1])
 
     def bits(n):
         def check(v):
@@ -611,12 +701,13 @@ def summarise(rows):
         vt = sum(r.get("valid_total", 0) for r in acc)
         va = sum(r.get("valid_accepted", 0) for r in acc)
         vo = sum(r.get("valid_outside_form", 0) for r in acc)
+        fa = sum(r.get("valid_format_asserted", 0) for r in acc)
         it = sum(r.get("invalid_total", 0) for r in acc)
         iv = sum(r.get("invalid_accepted", 0) for r in acc)
         allpass = sum(1 for r in acc if r.get("invalid_accepted", 0) == 0 and r.get("mutants_accepted", 0) == 0 and r.get("valid_accepted", 0) == r.get("valid_total", 0))
         return {"schemas": n, "accepted": len(acc), "coverage": round(len(acc) / n, 4) if n else 0.0,
                 "rejected_by_kind": dict(kinds), "valid_instances": vt, "valid_accepted": va,
-                "completeness": round(va / vt, 4) if vt else None, "valid_outside_form": vo, "invalid_instances": it,
+                "completeness": round(va / vt, 4) if vt else None, "valid_outside_form": vo, "valid_format_asserted": fa, "invalid_instances": it,
                 "soundness_violations": iv, "schemas_all_pass": allpass,
                 "mutants": sum(r.get("mutants", 0) for r in acc),
                 "mutants_invalid": sum(r.get("mutants_invalid", 0) for r in acc),
@@ -650,6 +741,8 @@ def category_table(rows):
             table[c]["over-constrained"] += 1
         elif r.get("valid_outside_form", 0):
             table[c]["outside-form"] += 1
+        elif r.get("valid_format_asserted", 0):
+            table[c]["format-asserted"] += 1
         else:
             table[c]["all-pass"] += 1
     return {c: dict(v) for c, v in sorted(table.items())}
@@ -831,7 +924,7 @@ def markdown(result) -> str:
               "| rejected at (last pointer token : kind) | schemas |", "|---|---:|"]
     lines += [f"| `{k}` | {v} |" for k, v in list(result["rejection_locations"].items())[:25]]
     if "test_suite_categories" in result:
-        cols = ["all-pass", "outside-form", "over-constrained", "under-constrained", "rejected"]
+        cols = ["all-pass", "outside-form", "format-asserted", "over-constrained", "under-constrained", "rejected"]
         lines += ["", "| category | " + " | ".join(cols) + " |", "|---" + "|---:" * len(cols) + "|"]
         tot = collections.Counter()
         for c, v in result["test_suite_categories"].items():

@@ -1,12 +1,13 @@
 """Regenerate the README's benchmark tables from committed results JSON (issue 12 "Honest benchmarks").
 
 usage:
-  python tools/readme_tables.py [--engine FILE.json] [--spec FILE.json] [--cpu FILE.json] [--write README.md]
+  python tools/readme_tables.py [--engine FILE.json] [--spec FILE.json] [--cpu FILE.json]
+                                [--jsonschema-suite FILE.json] [--write README.md]
 
 Each table is rendered from one results file (default: the newest ``bench/results/<bench>_*.json`` of
 that benchmark, CUDA preferred for engine/spec) and starts with a provenance line (date, device,
 revision, command). Without ``--write`` the tables are printed; with it, the text between
-``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME = engine | spec | cpu) in the README is
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME = engine | spec | cpu | jsonschema_suite) in the README is
 replaced, and a README that lacks a marker pair is left unchanged for that table (reported on stderr).
 Random-weight models are labelled "random weights" in their table heading.
 """
@@ -114,6 +115,30 @@ def cpu_table(doc: dict) -> str:
     return "\n".join(out)
 
 
+SUITE_COLS = ["all-pass", "outside-form", "format-asserted", "over-constrained", "under-constrained", "rejected"]
+
+
+def jsonschema_suite_table(doc: dict) -> str:
+    """JSON Schema Test Suite run of bench/jsonschema_bench.py: totals, then the category counts summed
+    over the suite's files (schemas: all-pass, outside-form, format-asserted, over-/under-constrained,
+    rejected)."""
+    t = doc["total"]
+    rev = doc.get("revision", {})
+    out = [f"_{doc.get('date', '?')}, revision `{rev.get('git_head', '?')[:7]}` (converter "
+           f"{rev.get('converter_sha256', '?')}); command: `{doc.get('command', '?')}`_", "",
+           "| schemas accepted | invalid instances accepted | invalid mutants accepted | valid instances accepted "
+           "| valid outside the generation form | valid only as a format annotation | fuzz walks / failures |",
+           "|---:|---:|---:|---:|---:|---:|---:|",
+           f"| {t['accepted']:,} / {t['schemas']:,} | **{t['soundness_violations']}** / {t['invalid_instances']:,} | "
+           f"**{t['mutants_accepted']}** / {t['mutants_invalid']:,} | {t['valid_accepted']:,} / {t['valid_instances']:,} | "
+           f"{t.get('valid_outside_form', 0)} | {t.get('valid_format_asserted', 0)} | "
+           f"{t['fuzz_walks']:,} / **{t['fuzz_failures']}** |", "",
+           "| schemas by category | " + " | ".join(SUITE_COLS) + " |", "|---" + "|---:" * len(SUITE_COLS) + "|"]
+    tot = {c: sum(v.get(c, 0) for v in doc["test_suite_categories"].values()) for c in SUITE_COLS}
+    out.append("| all files | " + " | ".join(str(tot[c]) for c in SUITE_COLS) + " |")
+    return "\n".join(out)
+
+
 def newest(prefix: str, prefer: str = "cuda") -> Path | None:
     """Newest ``bench/results/<prefix>*.json``, files whose name contains ``prefer`` first."""
     files = sorted(RESULTS.glob(f"{prefix}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -134,11 +159,13 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", type=Path, default=None)
     ap.add_argument("--spec", type=Path, default=None)
     ap.add_argument("--cpu", type=Path, default=None)
+    ap.add_argument("--jsonschema-suite", type=Path, default=None)
     ap.add_argument("--write", type=Path, default=None, help="README to update between the markers")
     args = ap.parse_args(argv)
     srcs = {"engine": args.engine or newest("engine_bench"), "spec": args.spec or newest("spec"),
-            "cpu": args.cpu or newest("cpu_bench", prefer="cpu_bench_")}
-    render = {"engine": engine_tables, "spec": spec_table, "cpu": cpu_table}
+            "cpu": args.cpu or newest("cpu_bench", prefer="cpu_bench_"),
+            "jsonschema_suite": args.jsonschema_suite or RESULTS / "jsonschema_test_suite.json"}
+    render = {"engine": engine_tables, "spec": spec_table, "cpu": cpu_table, "jsonschema_suite": jsonschema_suite_table}
     blocks = {}
     for name, path in srcs.items():
         if path is None or not Path(path).exists():

@@ -8,6 +8,7 @@ from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_js
                      parse_regex, product_dfa, search_ast)
 from .ir import (ANY, NEVER, is_empty, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union)
+from .formats import LEAP_PATTERNS, leap_rules
 from .keys import object_general, string_general
 from .numbers import JSON_NUMBER, NumberBoundError, decimal_range, int_range
 
@@ -37,9 +38,10 @@ JSON_PLAIN_CLASS = r'[^\u0000-\u001f"\\\ud800-\udfff]'
 CHAIN_LIMIT = 64
 # a single pattern is emitted as its DFA when that has at most this many states (each state is a rule:
 # about 5-30 ms of compile); with a counted repetition, whose EBNF form is far slower per mask, up to
-# DFA_FAST_STATES
+# DFA_FAST_STATES (512 covers format hostname, 490 states: masks 18 us median / 26 ms max -> 1.7 us / 51 us,
+# compile 0.6 -> 2.2 s on the 2-core dev host; bench/results/format_bench_leap_{256,512}.json)
 DFA_PLAIN_STATES = 64
-DFA_FAST_STATES = 256
+DFA_FAST_STATES = 512
 # At most this many optional declared properties per object (issue 14 defect 8; required ones are not
 # limited: they are one sequence).  Properties in declared order, each optional, are a chain of rules
 # (S(i, first) below): every position where the next key may be any of the n - i later ones has all of
@@ -201,15 +203,22 @@ class Emitter:
                 return f'"\\"" {repeat("j_char", lo, hi, True)} "\\""'
             tail = "j_str_tail" if hi is None else self.bounded_tail(hi - lo)
             return f'"\\"" {self.min_chain(lo, tail)}'
-        if len(n.patterns) == 1 and n.min_len == 0 and n.max_len is None:
-            ast = search_ast(parse_regex(n.patterns[0], "UnsupportedSchema"))
+        pats = tuple(dict.fromkeys(n.patterns))  # a repeated pattern (allOf of one format twice) once
+        if len(pats) == 1 and n.min_len == 0 and n.max_len is None and pats[0] in LEAP_PATTERNS:
+            # time / date-time: the DFA without leap seconds | the leap seconds as EBNF (formats.leap_rules)
+            _, normal, prefix = LEAP_PATTERNS[pats[0]]
+            return f"({self.string(String(0, None, (normal,), (), n.where), ptr)} | {self.leap_string(prefix)})"
+        # with other string assertions a format is generated without leap seconds (formats.LEAP_FORMATS)
+        pats = tuple(LEAP_PATTERNS[p][1] if p in LEAP_PATTERNS else p for p in pats)
+        if len(pats) == 1 and n.min_len == 0 and n.max_len is None:
+            ast = search_ast(parse_regex(pats[0], "UnsupportedSchema"))
             if self.expand:
                 return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=True) + ' "\\""'
             # the pattern's DFA as right-linear rules (one rule per state, the closing quote inside, the
             # string lookahead) has precompiled masks; the regex structure written as EBNF is ambiguous for
             # search patterns (`.* x .*`, tens of us per mask) and a counted repetition (e.g. [0-9]{4}) is
             # evaluated at match time (ms per mask).  A DFA over the state limit keeps the EBNF form.
-            key = (n.patterns, 0, None)
+            key = (pats, 0, None)
             if key not in self.str_memo:
                 limit = DFA_FAST_STATES if _counted(ast) else DFA_PLAIN_STATES
                 try:
@@ -220,15 +229,30 @@ class Emitter:
             if self.str_memo[key] is None:
                 return '"\\"" ' + ast_to_expr(ast, json_mode=True) + ' "\\""'
             return self.str_memo[key]
-        key = (n.patterns, n.min_len, n.max_len)
+        key = (pats, n.min_len, n.max_len)
         if key not in self.str_memo:
             try:
-                nfas = [build_nfa(search_ast(parse_regex(p, "UnsupportedSchema"))) for p in n.patterns]
+                nfas = [build_nfa(search_ast(parse_regex(p, "UnsupportedSchema"))) for p in pats]
                 dfa = product_dfa(nfas, n.min_len, n.max_len, MAX_STATES, MAX_LEN_BOUND)
             except AutomatonLimit as e:
                 raise ConstraintError("UnsupportedSchema", f"limit {e.limit}: {e}", ptr)
             self.str_memo[key] = self.dfa_string(dfa) if dfa.accept else "[]"
         return self.str_memo[key]
+
+    def leap_string(self, prefix: str) -> str:
+        """A whole canonical string: `prefix` (a regex without counted repetitions) then a leap-second
+        time (formats.leap_rules, added once per grammar), quotes included."""
+        if ("leap", prefix) not in self.str_memo:
+            if "leap_sec" not in self.str_memo:
+                self.str_memo["leap_sec"] = True
+                for name, body in leap_rules():
+                    self.add(name, body)
+            head = ast_to_expr(search_ast(parse_regex("^" + prefix + "$", "UnsupportedSchema")), json_mode=True) + " " \
+                if prefix else ""
+            name = self.fresh("sl")
+            self.add(name, f'"\\"" {head}leap_sec "\\"" {STRING_LOOKAHEAD}')
+            self.str_memo[("leap", prefix)] = name
+        return self.str_memo[("leap", prefix)]
 
     def dfa_string(self, dfa) -> str:
         """A whole canonical string (quotes included) whose content is accepted by dfa: one rule per state,

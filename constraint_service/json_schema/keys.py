@@ -15,6 +15,7 @@ from ..regex import AutomatonLimit, build_nfa, charset as cs, dfa_to_rules, pars
 from ..regex.automaton import DFA, eps_closure, nfa_charsets, prune, step
 from ..regex.ebnf import json_literal, repeat
 from .ir import NEVER, Object, String, is_empty
+from .formats import LEAP_PATTERNS
 
 MAX_STATES = 65_536
 MAX_KEY_STATES = 4_096  # one key class of patternProperties (built in pure Python: keep it quick)
@@ -259,7 +260,10 @@ def _string_rule(em, pos, neg, excluded, min_len, max_len, where, hint="s",
 
 def string_general(em, n: String, ptr: str) -> str:
     """A string node with negative patterns (from `not`)."""
-    r = _string_rule(em, n.patterns, n.neg_patterns, (), n.min_len, n.max_len, n.where or ptr)
+    # a positive time / date-time format is generated without leap seconds here (formats.LEAP_FORMATS);
+    # a negative one keeps its whole language (its complement must not admit a leap second)
+    pos = tuple(LEAP_PATTERNS[p][1] if p in LEAP_PATTERNS else p for p in n.patterns)
+    r = _string_rule(em, pos, n.neg_patterns, (), n.min_len, n.max_len, n.where or ptr)
     return r if r is not None else "[]"
 
 

@@ -222,6 +222,50 @@ def test_identifier_edge_cases_from_the_test_suite():
 
 def test_hostname_reserved_a_label_form_not_generated():
     check({"type": "string", "format": "hostname"}, ['"ab-cd.example"'], ['"xn--X"', '"ab--cd"'], oracle=False)
+    # every A-label is refused, valid punycode included (a generation-form restriction, README)
+    check({"type": "string", "format": "hostname"}, ['"a--b.com"'],
+          ['"xn--qmbc"', '"XN--aa---o47jg78q"', '"a.xn--9t4b11yi5a"', '"xn--hello-txk"'], oracle=False)
+
+
+def test_hostname_label_lengths():
+    """A first label of 63 characters (RFC 1123's limit); 64 refused; 8 labels; never past 253."""
+    check({"type": "string", "format": "hostname"},
+          ['"' + "a" * 63 + '.com"', '"' + "a" * 63 + "." + ".".join(["b" * 26] * 7) + '"'],
+          ['"' + "a" * 64 + '.com"', '"a-"', '"' + "a" * 63 + "." + ".".join(["b" * 26] * 8) + '"'])
+
+
+LEAP_GOOD = ["23:59:60Z", "23:59:60z", "23:59:60+00:00", "23:59:60-00:00", "01:29:60+01:30", "15:59:60.123-08:00",
+             "00:00:60+00:01", "12:00:60-11:59", "22:59:60+23:00"]
+LEAP_BAD = ["23:58:60Z", "22:59:60Z", "23:59:60+01:00", "15:59:60-08:01", "00:00:60+00:00", "12:00:60-12:01",
+            "23:59:61Z", "23:59:60", "01:29:60+01:29"]
+
+
+def test_leap_seconds_exact():
+    """RFC 3339 5.7: second 60 only when the time converted to UTC is 23:59 (the Test Suite's reading)."""
+    check({"type": "string", "format": "time"}, [json.dumps(t) for t in LEAP_GOOD],
+          [json.dumps(t) for t in LEAP_BAD], oracle=False)
+    check({"type": "string", "format": "date-time"}, [json.dumps("1998-12-31T" + t) for t in LEAP_GOOD],
+          [json.dumps("1998-12-31T" + t) for t in LEAP_BAD] + ['"1998-02-29T23:59:60Z"'], oracle=False)
+
+
+def test_leap_seconds_every_local_time():
+    """Each of the 1,440 local times has exactly its two offsets (+ L + 1 min, - 23:59 - L), not a neighbour."""
+    acc = lang({"type": "string", "format": "time"})
+    for lt in range(0, 1440, 7):
+        plus, minus = (lt + 1) % 1440, 1439 - lt
+        t = f"{lt // 60:02d}:{lt % 60:02d}:60"
+        assert acc(f'"{t}+{plus // 60:02d}:{plus % 60:02d}"') and acc(f'"{t}-{minus // 60:02d}:{minus % 60:02d}"'), t
+        wrong = (plus + 1) % 1440
+        assert not acc(f'"{t}+{wrong // 60:02d}:{wrong % 60:02d}"'), t
+
+
+def test_leap_seconds_with_other_string_assertions_not_generated():
+    """In a product with maxLength (or a pattern), a time is generated without leap seconds (README)."""
+    check({"type": "string", "format": "time", "maxLength": 40}, ['"10:20:30Z"'], ['"23:59:60Z"', '"23:58:60Z"'],
+          oracle=False)
+    # a negated format keeps its whole language: a leap second is not in the complement
+    check({"type": "string", "not": {"format": "time"}}, ['"x"', '"23:58:60Z"'], ['"23:59:60Z"', '"10:20:30Z"'],
+          oracle=False)
 
 
 def test_pattern_key_class_limit_is_located():
