@@ -6,6 +6,7 @@ SIGTERM stop the server, the engine, the sidecar, and remove the mask ring.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -195,6 +196,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         print(f"metrics on http://{args.host}:{args.metrics_port}/metrics", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     # Bind the public port before anything else (ring, sidecar, model): a second server on a taken
     # port must fail here without touching the live server's ring. SO_REUSEPORT off: gRPC enables it
@@ -252,7 +254,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     print(f"ninfer ready on {args.host}:{port} (model {loaded.source}, device {engine.program.device}, "
           f"lanes {args.max_lanes})", flush=True)
     try:
-        stop.wait()
+        # wake up now and then: a signal the kernel delivers to another thread (CUDA's own threads, say)
+        # does not interrupt a blocking wait of the main thread, which runs Python's signal handlers
+        while not stop.wait(0.5):
+            pass
     finally:
         hs.enter_graceful_shutdown()
         server.stop(grace=2.0).wait()

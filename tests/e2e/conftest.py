@@ -76,7 +76,10 @@ class Stack:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # a hung stop: every thread's stack into self.lines, then kill
+                self.lines.append(f"--- no exit {timeout_s:g} s after signal {sig}; thread stacks (SIGUSR1):")
+                self.proc.send_signal(signal.SIGUSR1)
+                time.sleep(2.0)
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode

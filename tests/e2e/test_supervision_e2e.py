@@ -122,7 +122,7 @@ def sup_stack():
     s.start()
     yield s
     rc = s.stop()
-    assert not shm_segments(s.port), (shm_segments(s.port), rc, s.lines[-30:])
+    assert not shm_segments(s.port), f"{shm_segments(s.port)} left, exit {rc}:\n" + "\n".join(s.lines[-150:])
 
 
 def check_all_valid(streams: Streams, n: int) -> None:
