@@ -192,26 +192,54 @@ def test_anthropic_tool_choice_modes(anthropic_client, choice):
         assert len(uses) <= 1
 
 
+def check_anthropic_event_order(events) -> None:
+    """The Messages stream grammar: message_start, then content blocks with increasing indices, each
+    content_block_start (deltas of its index only) content_block_stop, none left open, then message_delta
+    and message_stop; a tool_use block carries input_json_delta only, a text block text_delta only."""
+    types = [e.type for e in events]
+    assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"], types
+    open_index, open_type, last = None, None, -1
+    for e in events[1:-2]:
+        if e.type == "content_block_start":
+            assert open_index is None and e.index == last + 1, types
+            open_index, open_type, last = e.index, e.content_block.type, e.index
+        elif e.type == "content_block_delta":
+            assert e.index == open_index, types
+            assert e.delta.type == {"tool_use": "input_json_delta", "text": "text_delta"}[open_type], types
+        elif e.type == "content_block_stop":
+            assert e.index == open_index, types
+            open_index = None
+    assert open_index is None, types
+
+
 def test_anthropic_streamed_tool_use_and_history(anthropic_client):
+    """Sampled on purpose (temperature 1.0; the Messages API has no seed): every outcome must be well formed.
+    Complete calls stream as tool_use blocks; a call cut at max_tokens is not streamed (stop_reason
+    max_tokens); the named tool allows parallel calls unless disable_parallel_tool_use."""
     with anthropic_client.messages.stream(model="default", max_tokens=60, messages=ASK, tools=ANTH_TOOLS,
                                           tool_choice={"type": "tool", "name": "search"},
                                           extra_body={"temperature": 1.0}) as s:
         events = list(s)
         final = s.get_final_message()
+    seen = f"events {[e.type for e in events]}, final {final.model_dump_json()}"  # for the next failure
+    check_anthropic_event_order(events)
     json_deltas = [e for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
     uses = [b for b in final.content if b.type == "tool_use"]
-    assert len(json_deltas) == len(uses) <= 1
+    assert len(json_deltas) == len(uses) and all(b.type == "tool_use" for b in final.content), seen
     if not uses:
         pytest.skip("hit max_tokens before completing the call")
-    check_args(uses[0].name, uses[0].input)
+    for use, delta in zip(uses, json_deltas):
+        assert use.name == "search", seen
+        check_args(use.name, use.input)
+        assert json.loads(delta.delta.partial_json) == use.input, seen
     # (a call can complete on the very last allowed token: then the turn still ends at max_tokens)
-    assert final.stop_reason in ("tool_use", "max_tokens")
-    assert json.loads(json_deltas[0].delta.partial_json) == uses[0].input
+    assert final.stop_reason in ("tool_use", "max_tokens"), seen
     history = [*ASK, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "rain"}]}]
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "rain"}
+                                            for u in uses]}]
     m = anthropic_client.messages.create(model="default", max_tokens=8, messages=history, tools=ANTH_TOOLS,
                                          tool_choice={"type": "none"})
-    assert m.stop_reason in ("end_turn", "max_tokens") and all(b.type == "text" for b in m.content)
+    assert m.stop_reason in ("end_turn", "max_tokens") and all(b.type == "text" for b in m.content), m
 
 
 def test_anthropic_tools_with_output_format(anthropic_client):
