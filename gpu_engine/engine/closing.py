@@ -110,20 +110,28 @@ class Closing:
                     reason, error = FinishReason.ERROR, RowError("IntegrityError", x.error)
             self._publish(c.request, reason, error, c.constraint)
 
-    def _close_only_step(self) -> bool:
-        """Send the pending closes in a Step of their own (no resident rows); False when none are pending."""
+    def _close_only_step(self, interruptible: bool = True) -> bool:
+        """Send the pending closes in a Step of their own (no resident rows); False when none are pending.
+
+        With ``interruptible`` the answer is awaited like a mask answer (:meth:`MaskWait._await`): a request
+        submitted meanwhile ends the wait and the closes become the pending step (settled by a later step),
+        so a new request never waits behind a slow or hung sidecar's close answer."""
         _, closing = self._constrained_of([])  # closes of a dead generation are parked for a re-prepare
         if not closing:
             return False
         self._seq += 1
         seq = self._seq
+        slot = seq % self.ring.geometry.num_slots
         try:
-            self.sidecar.send_step(seq, seq % self.ring.geometry.num_slots, self._close_rows(closing),
-                                   generation=self._step_gen)
-            results, _ = self.sidecar.recv_step(seq)
+            self.sidecar.send_step(seq, slot, self._close_rows(closing), generation=self._step_gen)
+            got = self._await(seq, None) if interruptible else self.sidecar.recv_step(seq)
         except SidecarUnavailable as e:
             self._sidecar_lost([], str(e), closing)
             return True
+        if got is None:  # a request came in: these closes are the pending step now
+            self._defer_closes(seq, slot, closing)
+            return True
+        results, _ = got
         self._closed(closing, {x.request_id: x for x in results})
         return True
 

@@ -131,7 +131,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             try:
                 if self._pending is not None:  # the worker has stopped: this thread owns the Step stream now
                     self._settle_pending(block=True)
-                self._close_only_step()
+                self._close_only_step(interruptible=False)
             except Exception as e:  # noqa: BLE001 - the requests still get their Finish
                 self._closed(self._take_closing(), None, f"engine stopping: {e}")
             self._stop_supervision("the engine is stopping")

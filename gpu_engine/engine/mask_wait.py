@@ -32,7 +32,7 @@ import torch
 
 from ninfer_common.errors import RowError
 
-from gpu_engine.core.batch import StepBatch
+from gpu_engine.core.batch import StepBatch, build_step_batch
 from gpu_engine.core.request import Request
 from gpu_engine.sidecar.client import RowStatus, SidecarUnavailable
 
@@ -159,6 +159,13 @@ class MaskWait:
         self.metrics.mask_wait_deferred()
         sel = torch.tensor(ui, dtype=torch.int64)  # may be empty: a step of constrained rows only
         return [rows[i] for i in ui], batch.select(ui).without_masks(), logits.index_select(0, sel.to(logits.device))
+
+    def _defer_closes(self, seq: int, slot: int, closing: list) -> None:
+        """A close-only Step whose answer is outstanding becomes the pending step (no rows to sample)."""
+        batch = build_step_batch([], slot=slot, device=self.program.device)
+        self._pending = _PendingStep(seq, batch, torch.zeros(0, 1, 0), closing, {}, 0.0)
+        self.stats.mask_waits_deferred += 1
+        self.metrics.mask_wait_deferred()
 
     def _settle_pending(self, block: bool) -> bool:
         """Poll (or, with ``block``, wait up to the hard deadline for) the pending step's answer; when it

@@ -255,3 +255,35 @@ def test_serve_refuses_a_negative_soft_wait(capsys):
     with pytest.raises(SystemExit) as e:
         serve_main(["--mask-soft-wait", "-5"])
     assert e.value.code == 2 and "--mask-soft-wait must be >= 0 ms" in capsys.readouterr().err
+
+
+def test_a_close_only_wait_is_interruptible_too(rig):
+    """The last constrained rows finished and nothing else is resident: their closes ride on a Step of their
+    own. With the sidecar slow, a request submitted during that wait is admitted at once; the closes are
+    settled later and the finished requests still get their Finish with the constraint's outcome."""
+    eng, sc, reqs, free = _start(rig, n=2)
+    free.cancel()
+    _drive(eng, lambda: all(r.finished for r in reqs) and free.finished)
+    assert eng._closing and eng._pending is None  # closes queued for a Step of their own
+    new_req = _req(11, constrained=False, max_tokens=20)
+    polls, recv = [], sc.recv_step
+
+    def recv_and_submit(seq, timeout=None):
+        polls.append(timeout)
+        if len(polls) == 2:
+            eng.submit(new_req)
+        return recv(seq, timeout)
+
+    sc.recv_step = recv_and_submit
+    sc.late = True
+    eng.step()  # the close-only Step: its wait ends when the request comes in
+    assert eng._pending is not None and not eng._pending.batch.rows and len(polls) == 2
+    for _ in range(5):
+        eng.step()
+    assert len(new_req.output_ids) >= 4  # decoding while the close answer is outstanding
+    sc.late = False
+    _drive(eng, lambda: _done(eng, reqs + [new_req]))
+    for r in reqs:
+        f = _finish(r)
+        assert f.error is None and f.constraint.complete and r.output_ids == WORD + [EOS], (f, r.output_ids)
+    assert _finish(new_req).error is None and len(new_req.output_ids) == 20
