@@ -249,6 +249,9 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
             print(f"error: {format_error(result.error)}", file=err, flush=True)
         elif result.finish_reason == "cancelled":
             print("error: cancelled", file=err, flush=True)
+        elif result.finish_reason == "length" and not result.text and not result.tool_calls:
+            print("note: max_tokens was reached before any output (an unfinished tool call is not printed; "
+                  "raise --max-tokens)", file=err, flush=True)
     return _exit_for(result)
 
 

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -395,6 +396,19 @@ def _invalid(message: str) -> RequestRejected:
     return RequestRejected("INVALID_ARGUMENT", "InvalidRequest", message, "")
 
 
+@contextlib.contextmanager
+def _utf8_only() -> Iterator[None]:
+    """Protobuf string fields take valid Unicode only: a lone surrogate (e.g. an undecodable byte of a
+    command-line argument, kept by Python as U+DC80..U+DCFF) becomes RequestRejected, not a traceback."""
+    try:
+        yield
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+        code = f" U+{ord(bad[0]):04X}" if bad else ""
+        raise _invalid(f"text is not valid Unicode: lone surrogate{code} at index {e.start} of a string argument "
+                       "(undecodable bytes in the input?)") from None
+
+
 def _in_range(name: str, value: int, lo: int, hi: int, rule: str) -> int:
     """``int(value)`` when ``lo <= value <= hi`` (the proto field's range), else RequestRejected
     ``"<name> must be <rule>, got <value>"`` (protobuf would raise a bare ValueError)."""
@@ -699,6 +713,21 @@ class NInferClient:
         Raises:
             RequestRejected: (kind ``InvalidRequest``) for invalid arguments.
         """
+        with _utf8_only():
+            return NInferClient._build_request(prompt, messages, constraint=constraint, max_tokens=max_tokens,
+                                       temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
+                                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                       speculative=speculative, num_draft_tokens=num_draft_tokens,
+                                       continue_final_message=continue_final_message, request_id=request_id,
+                                       tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                                       tool_constraints=tool_constraints, thinking=thinking,
+                                       thinking_budget=thinking_budget)
+
+    @staticmethod
+    def _build_request(prompt, messages, *, constraint, max_tokens, temperature, top_p, top_k, min_p, seed,
+                       presence_penalty, frequency_penalty, speculative, num_draft_tokens, continue_final_message,
+                       request_id, tools, tool_choice, parallel_tool_calls, tool_constraints, thinking,
+                       thinking_budget) -> pb.GenerateRequest:
         if (prompt is None) == (messages is None):
             raise _invalid("give exactly one of prompt or messages")
         if continue_final_message and messages is None:
@@ -838,10 +867,11 @@ class NInferClient:
         if (prompt is None) == (messages is None):
             raise _invalid("give exactly one of prompt or messages")
         req = pb.CountTokensRequest()
-        if prompt is not None:
-            req.prompt = prompt
-        else:
-            req.chat.CopyFrom(build_chat(messages, continue_final_message))  # type: ignore[arg-type]
+        with _utf8_only():
+            if prompt is not None:
+                req.prompt = prompt
+            else:
+                req.chat.CopyFrom(build_chat(messages, continue_final_message))  # type: ignore[arg-type]
         try:
             resp = self._stub.CountTokens(req, timeout=self.timeout_s, metadata=_trace_metadata() or None)
         except grpc.RpcError as err:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -35,6 +36,9 @@ def _die_with_parent() -> None:
 
 
 def main(fd: int) -> int:
+    # Ctrl-C reaches the whole process group: the sidecar owns this worker's life (it kills it at a deadline
+    # and at its own exit, and _die_with_parent covers its death), so the worker ignores SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     conn = Connection(fd)
     try:

@@ -130,17 +130,19 @@ class GenerateParams:
                                    f"message, got role {self.messages[-1].role!r}")
         t, p, m, k = self.sampling_values()
         if not (math.isfinite(t) and t >= 0):
-            raise RequestError(ErrorKind.INVALID_REQUEST, f"temperature must be a finite number >= 0, got {t}")
+            raise RequestError(ErrorKind.INVALID_REQUEST, f"temperature must be a finite number >= 0, got {t}",
+                               "/temperature")
         if not (0 < p <= 1):
-            raise RequestError(ErrorKind.INVALID_REQUEST, f"top_p must be in (0, 1], got {p}")
+            raise RequestError(ErrorKind.INVALID_REQUEST, f"top_p must be in (0, 1], got {p}", "/top_p")
         if not (0 <= m <= 1):
-            raise RequestError(ErrorKind.INVALID_REQUEST, f"min_p must be in [0, 1], got {m}")
+            raise RequestError(ErrorKind.INVALID_REQUEST, f"min_p must be in [0, 1], got {m}", "/min_p")
         if k < 0:
-            raise RequestError(ErrorKind.INVALID_REQUEST, f"top_k must be >= 0, got {k}")
+            raise RequestError(ErrorKind.INVALID_REQUEST, f"top_k must be >= 0, got {k}", "/top_k")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not (math.isfinite(v) and -2.0 <= v <= 2.0):
-                raise RequestError(ErrorKind.INVALID_REQUEST, f"{name} must be in [-2, 2], got {v}")
+                raise RequestError(ErrorKind.INVALID_REQUEST, f"{name} must be in [-2, 2], got {v}",
+                                   f"/{name}")
         c = self.constraint
         if c is not None:
             if len(c.choices) > MAX_CHOICES:

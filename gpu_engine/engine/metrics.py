@@ -48,7 +48,8 @@ class EngineMetrics:
         self.deferred = m.create_counter("ninfer_mask_wait_deferred", unit="1",
                                          description="Steps with constrained and unconstrained rows whose masks "
                                                      "missed the soft wait: unconstrained rows went on alone")
-        self.deferred.add(0)  # exported (as 0) from the start: rare by design, and dashboards query it
+        for rare in (self.deferred, self.replays, self.replayed_tokens):
+            rare.add(0)  # exported (as 0) from the start: rare by design, and dashboards query them
         self.queue_wait = m.create_histogram("ninfer_queue_wait_seconds", unit="s",
                                              description="Submission to the engine until the request got a lane")
         self._meter = m

@@ -8,6 +8,7 @@ The servicer's behaviour is chosen by the prompt (or the last chat message):
 * ``"internal"``: abort with INTERNAL and no detail.
 * ``"runtime-error"``: one delta, then a FINISH_REASON_ERROR finish.
 * ``"length"``: deltas then FINISH_REASON_LENGTH.
+* ``"length-empty"``: FINISH_REASON_LENGTH without any content (e.g. a tool call cut at max_tokens).
 * ``"slow"``: one delta every 50 ms until cancelled (records cancellation).
 * ``"no-finish"``: deltas and the stream ends without a finish.
 * anything else: deltas ``"Hel"``, ``"lo"``, ``" wor"``, ``"ld"`` + STOP.
@@ -138,11 +139,11 @@ class FakeGeneration(pb_grpc.GenerationServicer):
             yield pb.GenerateResponse(finish=finish)
             return
 
-        for i, d in enumerate(DELTAS):
+        for i, d in enumerate(DELTAS if text != "length-empty" else []):
             yield pb.GenerateResponse(text=d, token_ids=[10 + i])
         if text == "no-finish":
             return
-        reason = pb.FINISH_REASON_LENGTH if text == "length" else pb.FINISH_REASON_STOP
+        reason = pb.FINISH_REASON_LENGTH if text in ("length", "length-empty") else pb.FINISH_REASON_STOP
         finish = pb.Finish(
             finish_reason=reason,
             usage=pb.Usage(prompt_tokens=5, completion_tokens=4, draft_tokens=6, accepted_draft_tokens=2),

@@ -61,6 +61,24 @@ def test_length_exits_zero(fake_server):
     assert rc == 0 and obj["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("argv,stdin_text", [(["generate", "a\udcff"], ""), (["generate", "x", "--regex", "\udcff"], ""),
+                                             (["generate", "x", "--choice", "\udcff"], ""),
+                                             (["generate", "-"], "\udcff\udcfe")])
+def test_undecodable_input_is_a_structured_error_not_a_traceback(argv, stdin_text):
+    """Undecodable bytes in argv / stdin reach Python as lone surrogates; protobuf refuses them. The CLI
+    answers InvalidRequest (exit 2) before any RPC (the target is unreachable on purpose)."""
+    rc, out, err = run(argv + ["--server", "127.0.0.1:1"], stdin_text)
+    assert rc == 2 and out == "" and err.startswith("error: InvalidRequest: text is not valid Unicode"), err
+    assert "Traceback" not in err
+
+
+def test_length_without_output_says_so_in_text_mode(fake_server):
+    rc, out, err = run(["generate", "length-empty", "--server", fake_server.target])
+    assert rc == 0 and out == "\n" and err.startswith("note: max_tokens was reached before any output"), (out, err)
+    rc, out, err = run(["generate", "length", "--server", fake_server.target])
+    assert rc == 0 and out == "Hello world\n" and "note:" not in err
+
+
 def test_options_are_forwarded(fake_server, tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text('{"type": "object"}')

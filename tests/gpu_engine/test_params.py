@@ -93,3 +93,14 @@ def test_both_executors_implement_the_protocol():
         for name in methods:
             want = list(inspect.signature(getattr(Executor, name)).parameters)
             assert list(inspect.signature(getattr(cls, name)).parameters) == want, (cls, name)
+
+
+@pytest.mark.parametrize("field,value", [("temperature", float("nan")), ("top_p", 0.0), ("min_p", 2.0), ("top_k", -3),
+                                         ("presence_penalty", 3.0), ("frequency_penalty", float("inf"))])
+def test_out_of_range_sampling_values_name_their_field(field, value):
+    from ninfer_common.errors import RequestError
+
+    p = GenerateParams(request_id="r", prompt="x", **{field: value})
+    with pytest.raises(RequestError) as ei:
+        p.validate()
+    assert ei.value.kind.value == "InvalidRequest" and ei.value.location == f"/{field}", ei.value
