@@ -61,10 +61,30 @@ def reduce_schema(schema, unknown_keywords: str = "annotate"):
     r = _reducer(schema, unknown_keywords)
     node = r.translate(schema, "")
     r.check_oneof()
-    if r.is_never(node) or _unproductive(node):
+    if r.is_never(node):
         raise ConstraintError("UnsatisfiableSchema", "the schema has no valid instance",
-                              r.never_reason if r.is_never(node) and r.never_reason is not None else "")
+                              r.never_reason if r.never_reason is not None else "")
+    if _unproductive(node):  # e.g. {"$ref": "#"}: only an infinite instance would match
+        raise ConstraintError("UnsatisfiableSchema", "the schema has no valid (finite) instance: every instance "
+                              "needs another one inside it through a recursive $ref", _first_ref(schema))
     return node
+
+
+def _first_ref(schema, ptr: str = "") -> str:
+    """JSON Pointer of the first `$ref` keyword in document order (the location of a recursion error)."""
+    if isinstance(schema, dict):
+        if isinstance(schema.get("$ref"), str):
+            return ptr + "/$ref"
+        for k, v in schema.items():
+            found = _first_ref(v, f"{ptr}/{str(k).replace('~', '~0').replace('/', '~1')}")
+            if found:
+                return found
+    elif isinstance(schema, list):
+        for i, v in enumerate(schema):
+            found = _first_ref(v, f"{ptr}/{i}")
+            if found:
+                return found
+    return ""
 
 
 def _unproductive(root) -> bool:

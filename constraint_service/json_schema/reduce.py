@@ -176,6 +176,8 @@ class Reducer(RefsMixin, ComplementMixin, MergeMixin, ValuesMixin):
             neg = self.translate(s["not"], ptr + "/not")
             comp = self.complement(neg, ptr + "/not")
             node = self.intersect(node, comp, ptr + "/not")
+            if self.is_never(node):
+                self.never_at(ptr + "/not")
         if "if" in s and self.dialect not in ("draft4", "draft6"):  # draft-07 and later (annotations before)
             node = self.conditional(s, ptr, node)
         return node

@@ -104,7 +104,7 @@ UNSAT = [
     ({"type": "string", "minLength": 5, "maxLength": 3}, "/minLength"),
     ({"properties": {"a": False}, "required": ["a"], "type": "object"}, "/required"),
     ({"type": "object", "additionalProperties": False, "required": ["zz"]}, "/required"),
-    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, ""),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "/properties/a/$ref"),
 ]
 
 
@@ -270,3 +270,16 @@ def test_canonical_generation_form_of_instances():
     assert isinstance(canonicalize(d4, 1.0), float)  # draft-04: 1.0 is not an integer
     acc = lang({"type": "integer"})
     assert acc("1") and not acc("1.0")
+
+
+@pytest.mark.parametrize("schema,location", [({"$ref": "#"}, "/$ref"),
+                                             ({"$defs": {"node": {"type": "object", "required": ["next"],
+                                                                  "properties": {"next": {"$ref": "#/$defs/node"}}}},
+                                               "$ref": "#/$defs/node"}, "/$ref"),
+                                             ({"not": {}}, "/not"), ({"type": "string", "not": {"type": "string"}}, "/not")])
+def test_unsatisfiable_schemas_carry_the_pointer_of_their_keyword(schema, location):
+    """Issue 13: every schema error carries the JSON Pointer of the keyword (a recursion with no finite
+    instance: the first `$ref`; an empty complement: `not`)."""
+    with pytest.raises(ConstraintError) as ei:
+        json_schema_to_ebnf(json.dumps(schema))
+    assert ei.value.kind == "UnsatisfiableSchema" and ei.value.location == location, ei.value
