@@ -93,14 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.parent_pid and os.getppid() != args.parent_pid:  # died before PR_SET_PDEATHSIG took effect
             parent_died.set()
             break
-    server.stop(grace=0.5).wait()
     ring_name = servicer.ring_name
-    servicer.close()
-    if parent_died.is_set() and ring_name:
-        # The engine owns the ring; it cannot remove it any more.
-        from shared_memory.ring import remove_segment
+    if parent_died.is_set():
+        if ring_name:  # the engine owned the ring and cannot remove it any more: first thing, before any wait
+            from shared_memory.ring import remove_segment
 
-        remove_segment(ring_name)
+            remove_segment(ring_name)
+        # nobody is left to serve: a shutdown step that hangs (a busy compile, a stuck stream) must not keep
+        # this process alive past its engine
+        t = threading.Timer(5.0, os._exit, args=(0,))
+        t.daemon = True
+        t.start()
+    server.stop(grace=0.5).wait()
+    servicer.close()
     if not args.listen and os.path.exists(args.socket):
         os.unlink(args.socket)
     return 0
