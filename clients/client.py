@@ -684,6 +684,7 @@ class NInferClient:
 
     # -- requests --------------------------------------------------------
     @staticmethod
+    @_utf8_only()  # a lone surrogate in any string argument: RequestRejected, not a UnicodeEncodeError
     def build_request(
         prompt: str | None = None,
         messages: Sequence[Any] | None = None,
@@ -713,21 +714,6 @@ class NInferClient:
         Raises:
             RequestRejected: (kind ``InvalidRequest``) for invalid arguments.
         """
-        with _utf8_only():
-            return NInferClient._build_request(prompt, messages, constraint=constraint, max_tokens=max_tokens,
-                                       temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
-                                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                       speculative=speculative, num_draft_tokens=num_draft_tokens,
-                                       continue_final_message=continue_final_message, request_id=request_id,
-                                       tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                                       tool_constraints=tool_constraints, thinking=thinking,
-                                       thinking_budget=thinking_budget)
-
-    @staticmethod
-    def _build_request(prompt, messages, *, constraint, max_tokens, temperature, top_p, top_k, min_p, seed,
-                       presence_penalty, frequency_penalty, speculative, num_draft_tokens, continue_final_message,
-                       request_id, tools, tool_choice, parallel_tool_calls, tool_constraints, thinking,
-                       thinking_budget) -> pb.GenerateRequest:
         if (prompt is None) == (messages is None):
             raise _invalid("give exactly one of prompt or messages")
         if continue_final_message and messages is None:
