@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-lanes", type=int, default=8, help="resident batch slots (continuous batching)")
     ap.add_argument("--max-seq-len", type=int, default=2048, help="context length per lane in tokens")
     ap.add_argument("--attention", choices=["auto", "reference", "triton"], default="auto",
-                    help="paged attention: auto = Triton paged decode kernel on CUDA, gather + SDPA on CPU")
+                    help="forward kernels: auto = Triton (paged decode attention + fused norm/RoPE/SiLU) on CUDA, eager torch (gather + SDPA) on CPU")
     ap.add_argument("--max-tokens-default", type=int, default=256, help="budget when a request gives none")
     ap.add_argument("--speculative", choices=[m.value for m in SpecMethod], default="none")
     ap.add_argument("--num-draft-tokens", type=int, default=0, help="K draft tokens per step (0 = no speculation)")

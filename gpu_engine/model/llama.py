@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_engine.model.config import ModelConfig
+from gpu_engine.model.fused_ops import add_rms_norm, rope_kv_write, silu_mul
 from gpu_engine.model.kv_cache import DEFAULT_BLOCK_SIZE, PagedKVCache
-from gpu_engine.model.paged_attention import paged_attention_reference, paged_attention_triton
+from gpu_engine.model.paged_attention import paged_attention_reference, paged_attention_triton, triton_available
 
-# Attention backends: "reference" = gather a layer's blocks + SDPA (CPU default, and prefill);
-# "triton" = the paged decode kernel for rows of at most TRITON_MAX_T tokens (CUDA default).
+# Attention backends: "reference" = gather a layer's blocks + SDPA and eager torch elementwise ops
+# (CPU default); "triton" = the paged decode kernel for decode/verify rows of at most TRITON_MAX_T tokens
+# (gather + SDPA for prefill) and the fused norm / RoPE + KV write / SiLU kernels of fused_ops (CUDA default).
 ATTENTION_BACKENDS = ("auto", "reference", "triton")
 TRITON_MAX_T = 16
 # CPU only: a [H, V]-contiguous copy of the LM head serves forwards of at most SMALL_HEAD_ROWS rows
@@ -97,7 +99,8 @@ class LlamaModel(nn.Module):
             in the model dtype, block table ``[max_lanes, ceil(max_seq_len / block_size)]``);
             allocated once. Callers reserve positions (``kv.reserve(lane, n)``) before a forward
             writes them and release a lane when its request ends.
-        attention: ``"reference"`` or ``"triton"`` (``"auto"`` = triton on CUDA when it imports).
+        attention: ``"reference"`` or ``"triton"`` (``"auto"`` = triton on CUDA when it imports;
+            see :meth:`set_attention`).
         rope_cos, rope_sin: ``[max_seq_len, head_dim]`` float32 buffers.
     """
 
@@ -207,10 +210,11 @@ class LlamaModel(nn.Module):
         self._refresh_small_head()
 
     def set_attention(self, attention: str) -> None:
-        """Choose the attention implementation: ``"auto"`` (= ``"reference"``: gather of the lane's blocks +
-        SDPA), ``"reference"`` or ``"triton"`` (the paged decode kernel, opt-in: on the H200 run of
-        2026-12-01 the GPU suite hit an illegal memory access with it on tiny test shapes, and it was slower
-        than the reference at B=1 — see bench/results/model_bench_h200_attention.log).
+        """Choose the forward's kernels: ``"reference"`` (eager torch: gather of the lane's blocks + SDPA,
+        unfused norm/RoPE/SiLU), ``"triton"`` (the paged decode kernel of
+        :func:`~gpu_engine.model.paged_attention.paged_attention_triton` for rows of at most
+        ``TRITON_MAX_T`` tokens, and the fused kernels of :mod:`gpu_engine.model.fused_ops`), or
+        ``"auto"`` (``"triton"`` on CUDA when Triton imports, ``"reference"`` elsewhere).
         Set before CUDA graphs are captured (graphs keep the implementation they captured).
 
         Raises:
@@ -221,7 +225,7 @@ class LlamaModel(nn.Module):
         if attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
         if attention == "auto":
-            attention = "reference"
+            attention = "triton" if self.device.type == "cuda" and triton_available() else "reference"
         elif attention == "triton" and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("attention 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
         self.attention = attention
@@ -285,13 +289,18 @@ class LlamaModel(nn.Module):
         hd, nh, nkv = c.head_dim, c.num_heads, c.num_kv_heads
 
         pos = start_pos[:, None] + torch.arange(T, device=input_ids.device)          # [B, T]
-        cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                      # [B, T, 1, hd]
-        sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
         kv = self.kv
         slots = kv.slots(lanes, pos)                                                 # [B*T] pool slots
-        use_kernel = self.attention == "triton" and T <= TRITON_MAX_T
+        # prefill calls (last_only / logit_index) keep gather + SDPA whatever their length, so a prompt
+        # gets the same numbers in an eager prefill of its own length and in a padded prefill graph
+        use_kernel = self.attention == "triton" and T <= TRITON_MAX_T and not last_only and logit_index is None
+        if self.attention != "triton":
+            cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                  # [B, T, 1, hd]
+            sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
 
         x = F.embedding(input_ids, self.embed)                                       # [B, T, H]
+        if self.attention == "triton":
+            return self._forward_fused(x, pos, slots, lanes, start_pos, L, ctx, use_kernel, last_only, logit_index)
         for li in range(L):
             layer = self.layers[li]
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
@@ -307,24 +316,60 @@ class LlamaModel(nn.Module):
             kp, vp = kv.k[li], kv.v[li]                                              # [nkv, NB+1, bs, hd]
             kp.view(nkv, -1, hd).index_copy_(1, slots, k.permute(2, 0, 1, 3).reshape(nkv, B * T, hd))
             vp.view(nkv, -1, hd).index_copy_(1, slots, v.view(B, T, nkv, hd).permute(2, 0, 1, 3).reshape(nkv, B * T, hd))
+            o = paged_attention_reference(q.transpose(1, 2), kp, vp, kv.block_table, lanes, pos, ctx)
+            o = o.transpose(1, 2).reshape(B, T, self.q_size)
+            x = x + F.linear(o, layer.o)
+            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return self._head(x, last_only, logit_index)
+
+    def _head(self, x: torch.Tensor, last_only: bool, logit_index: torch.Tensor | None) -> torch.Tensor:
+        """Select the rows whose logits are wanted, final norm, LM head: ``[B, T', V]`` float32."""
+        B = x.shape[0]
+        if logit_index is not None:
+            x = x.gather(1, logit_index.view(B, 1, 1).expand(B, 1, x.shape[-1]))
+        elif last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        if self.lm_head_small is not None and x.shape[0] * x.shape[1] <= SMALL_HEAD_ROWS:
+            return torch.matmul(x, self.lm_head_small).float()
+        return F.linear(x, self.lm_head).float()
+
+    def _forward_fused(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, lanes: torch.Tensor,
+                       start_pos: torch.Tensor, L: int, ctx: int, use_kernel: bool, last_only: bool,
+                       logit_index: torch.Tensor | None) -> torch.Tensor:
+        """The same layers as the eager loop of :meth:`forward` with the fused kernels of
+        :mod:`gpu_engine.model.fused_ops`: per layer two add+RMSNorm, one RoPE + KV write, one
+        SiLU-and-multiply, four GEMMs and the attention (Triton paged kernel when ``use_kernel``).
+        The residual stream ``x`` ``[B, T, H]`` is updated in place; each layer's output projection
+        is added by the next norm."""
+        c = self.config
+        B, T, _ = x.shape
+        nh, hd, eps = c.num_heads, c.head_dim, c.rms_norm_eps
+        kv = self.kv
+        pos_flat = pos.reshape(-1)
+        delta = None
+        for li in range(L):
+            layer = self.layers[li]
+            h = add_rms_norm(x, delta, layer.attn_norm, eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(B * T, -1)
+            kp, vp = kv.k[li], kv.v[li]
+            q = rope_kv_write(qkv, pos_flat, slots, self.rope_cos, self.rope_sin, kp, vp, nh,
+                              layer.q_norm, layer.k_norm, eps).view(B, T, nh, hd)
             if use_kernel:
                 o = paged_attention_triton(q, kp, vp, kv.block_table, lanes, start_pos, ctx)   # [B, T, nh, hd]
             else:
                 o = paged_attention_reference(q.transpose(1, 2), kp, vp, kv.block_table, lanes, pos, ctx)
                 o = o.transpose(1, 2)
-            o = o.reshape(B, T, self.q_size)
-            x = x + F.linear(o, layer.o)
-            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        if logit_index is not None:
-            x = x.gather(1, logit_index.view(B, 1, 1).expand(B, 1, x.shape[-1]))
-        elif last_only:
-            x = x[:, -1:]
-        x = rms_norm(x, self.norm, c.rms_norm_eps)
-        if self.lm_head_small is not None and x.shape[0] * x.shape[1] <= SMALL_HEAD_ROWS:
-            return torch.matmul(x, self.lm_head_small).float()
-        return F.linear(x, self.lm_head).float()
+            delta = F.linear(o.reshape(B, T, self.q_size), layer.o)
+            h = add_rms_norm(x, delta, layer.mlp_norm, eps)
+            delta = F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
+        if logit_index is None and not last_only and delta is not None:
+            return F.linear(add_rms_norm(x, delta, self.norm, eps), self.lm_head).float()
+        if delta is not None:
+            x = x + delta
+        return self._head(x, last_only, logit_index)
 
 
 def build_model(config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
