@@ -343,10 +343,10 @@ class Reducer(RefsMixin, ComplementMixin, MergeMixin, ValuesMixin):
                 where = ptr + "/pattern"
                 if not isinstance(p, str):
                     self.invalid(ptr + "/pattern", "pattern must be a string")
-                try:
-                    parse_regex(p, "UnsupportedSchema")
+                try:  # malformed: the schema is invalid; valid ECMAScript we do not support: unsupported
+                    parse_regex(p, "InvalidSchema", "UnsupportedSchema")
                 except ConstraintError as e:
-                    raise ConstraintError("UnsupportedSchema", f"pattern: {e.message}", ptr + "/pattern")
+                    raise ConstraintError(e.kind, f"pattern: {e.message}", ptr + "/pattern")
                 pats = (p,)
             fmt = s.get("format")
             if fmt in STRING_FORMATS:
@@ -403,9 +403,9 @@ class Reducer(RefsMixin, ComplementMixin, MergeMixin, ValuesMixin):
                 for p, v in pp.items():
                     pp_ptr = f"{ptr}/patternProperties/{esc(p)}"
                     try:
-                        parse_regex(p, "UnsupportedSchema")
+                        parse_regex(p, "InvalidSchema", "UnsupportedSchema")
                     except ConstraintError as e:
-                        raise ConstraintError("UnsupportedSchema", f"pattern: {e.message}", pp_ptr)
+                        raise ConstraintError(e.kind, f"pattern: {e.message}", pp_ptr)
                     pats.append((p, self.translate(v, pp_ptr)))
             req = ()
             if "required" in s:

@@ -2,7 +2,7 @@
 
 Public API:
   regex_to_ebnf(pattern) -> str           full-match regex -> xgrammar EBNF with a `root` rule
-  parse_regex(pattern, kind="InvalidRegex") -> ParsedRegex
+  parse_regex(pattern, kind="InvalidRegex", unsupported_kind=None) -> ParsedRegex
   full_ast(parsed) / search_ast(parsed)   AST of the full-match / search (schema `pattern`) language
   ast_to_expr(node, json_mode)             EBNF expression (json_mode: canonical JSON-string escaping)
   regex_fullmatch(pattern, text) / regex_search(pattern, text)   reference matchers (own NFA)

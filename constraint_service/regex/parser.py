@@ -54,16 +54,19 @@ def _loc(pattern: str, pos: int) -> str:
 
 
 class _Parser:
-    def __init__(self, pattern: str, kind: str):
+    def __init__(self, pattern: str, kind: str, unsupported_kind: str | None = None):
         self.p = pattern
         self.i = 0
         self.n = len(pattern)
         self.kind = kind
+        self.unsupported_kind = unsupported_kind or kind
 
-    def err(self, msg: str, pos: int | None = None):
+    def err(self, msg: str, pos: int | None = None, unsupported: bool = False):
+        """Raise the located error: ``kind`` for malformed syntax, ``unsupported_kind`` for valid
+        ECMAScript this dialect does not support (``unsupported=True``)."""
         pos = self.i if pos is None else pos
-        raise ConstraintError(self.kind, f"{msg} at column {_loc(self.p, pos).split(':')[1]}",
-                              _loc(self.p, pos))
+        raise ConstraintError(self.unsupported_kind if unsupported else self.kind,
+                              f"{msg} at column {_loc(self.p, pos).split(':')[1]}", _loc(self.p, pos))
 
     def peek(self, k: int = 0):
         j = self.i + k
@@ -154,7 +157,7 @@ class _Parser:
             if hi is not None and lo > hi:
                 self.err("numbers out of order in {} quantifier", qpos)
             if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
-                self.err(f"repetition count above {MAX_REPEAT}", qpos)
+                self.err(f"repetition count above {MAX_REPEAT}", qpos, unsupported=True)
             if self.peek() in ("*", "+", "?") or (self.peek() == "{" and self._braces_ahead()):
                 # ECMAScript: a quantifier cannot follow a quantifier (a** is a syntax error)
                 self.err("nothing to repeat")
@@ -233,11 +236,11 @@ class _Parser:
             if nxt == ":":
                 self.i += 2
             elif nxt in ("=", "!"):
-                self.err("lookahead assertions are not supported", start)
+                self.err("lookahead assertions are not supported", start, unsupported=True)
             elif nxt == "<":
                 n2 = self.peek(2)
                 if n2 in ("=", "!"):
-                    self.err("lookbehind assertions are not supported", start)
+                    self.err("lookbehind assertions are not supported", start, unsupported=True)
                 # named group (?<name>...)
                 j = self.i + 2
                 k = j
@@ -247,7 +250,7 @@ class _Parser:
                     self.err("invalid group name", start)
                 self.i = k + 1
             else:
-                self.err("inline flags and unknown group modifiers are not supported", start)
+                self.err("inline flags and unknown group modifiers are not supported", start, unsupported=True)
         node = self.parse_alternation()
         if self.peek() != ")":
             self.err("missing ')'", start)
@@ -324,16 +327,16 @@ class _Parser:
             return cs.complement(base) if c.isupper() else base
         if c == "0":
             if self.peek() is not None and self.peek().isdigit():
-                self.err("octal escapes are not supported", start)
+                self.err("octal escapes are not supported", start, unsupported=True)
             return ((0, 0),)
         if c.isdigit():
-            self.err("backreferences are not supported", start)
+            self.err("backreferences are not supported", start, unsupported=True)
         if c == "b" or c == "B":
-            self.err("word boundary assertions are not supported", start)
+            self.err("word boundary assertions are not supported", start, unsupported=True)
         if c in "pP":
-            self.err("Unicode property classes are not supported", start)
+            self.err("Unicode property classes are not supported", start, unsupported=True)
         if c == "k":
-            self.err("named backreferences are not supported", start)
+            self.err("named backreferences are not supported", start, unsupported=True)
         if c == "x":
             h = self.p[self.i:self.i + 2]
             if len(h) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in h):
@@ -384,14 +387,21 @@ class _Parser:
                  f"^$\\.*+?()[]{{}}|/ may be escaped; write '{c}' without the backslash)", start)
 
 
-def parse(pattern: str, kind: str = "InvalidRegex") -> ParsedRegex:
-    """Parse a regex; raises ConstraintError(kind, message, "line:col")."""
+def parse(pattern: str, kind: str = "InvalidRegex", unsupported_kind: str | None = None) -> ParsedRegex:
+    """Parse a regex.
+
+    Raises:
+        ConstraintError: ``(kind, message, "line:col")`` for malformed syntax;
+            ``(unsupported_kind, ...)`` (default: ``kind``) for valid ECMAScript outside the supported
+            subset (lookaround, backreferences, word boundaries, Unicode properties, inline flags,
+            octal escapes, counts above ``MAX_REPEAT``).
+    """
     if not isinstance(pattern, str):
         raise ConstraintError(kind, "pattern must be a string", "")
     for k, ch in enumerate(pattern):
         if 0xD800 <= ord(ch) <= 0xDFFF:
             raise ConstraintError(kind, "lone surrogate in pattern", _loc(pattern, k))
-    p = _Parser(pattern, kind)
+    p = _Parser(pattern, kind, unsupported_kind)
     alts = p.parse_top()
     if p.i != p.n:
         p.err("unexpected character")

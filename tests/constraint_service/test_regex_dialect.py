@@ -35,8 +35,27 @@ def test_schema_pattern_uses_the_same_rules(compiler, pattern, col, words):
     schema = {"type": "object", "properties": {"k": {"type": "string", "pattern": pattern}}}
     with pytest.raises(ConstraintError) as ei:
         compiler.compile(ConstraintSpec("json_schema", json.dumps(schema)))
-    assert ei.value.kind == "UnsupportedSchema" and ei.value.location == "/properties/k/pattern"
+    assert ei.value.kind == "InvalidSchema" and ei.value.location == "/properties/k/pattern"  # malformed
     assert f"at column {col}" in ei.value.message and words in ei.value.message
+
+
+# valid ECMAScript outside the supported subset: the schema is unsupported, not invalid; the regex
+# constraint keeps one kind (InvalidRegex) for both, as before
+UNSUPPORTED = [("(?=a)a", "lookahead"), ("(?<!a)b", "lookbehind"), ("(a)\\1", "backreferences"),
+               ("\\bword", "word boundary"), ("\\p{L}", "Unicode property"), ("a{200000}", "repetition count")]
+
+
+@pytest.mark.parametrize("pattern,words", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
+def test_unsupported_pattern_features_are_unsupported_not_invalid(compiler, pattern, words):
+    for where, schema in (("/properties/k/pattern", {"properties": {"k": {"type": "string", "pattern": pattern}}}),
+                          (f"/patternProperties/{pattern.replace('~', '~0').replace('/', '~1')}",
+                           {"type": "object", "patternProperties": {pattern: {"type": "integer"}}})):
+        with pytest.raises(ConstraintError) as ei:
+            compiler.compile(ConstraintSpec("json_schema", json.dumps(schema)))
+        assert (ei.value.kind, ei.value.location) == ("UnsupportedSchema", where) and words in ei.value.message
+    with pytest.raises(ConstraintError) as ei:
+        compiler.compile(ConstraintSpec("regex", pattern))
+    assert ei.value.kind == "InvalidRegex" and words in ei.value.message
 
 
 def _accepts(session, text: bytes) -> bool:
