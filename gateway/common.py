@@ -223,13 +223,16 @@ def build_request(messages: list[dict], *, max_tokens: int | None, sampling: dic
     return req
 
 
-def with_tools(origin: ConstraintOrigin | None, policy) -> ConstraintOrigin | None:
-    """The error-mapping origin of a request with a body constraint ``origin`` and tools ``policy``."""
-    if policy is None or not policy.tools:
+def with_tools(origin: ConstraintOrigin | None, policy, thinking=None) -> ConstraintOrigin | None:
+    """The error-mapping origin of a request with a body constraint ``origin``, tools ``policy`` and
+    thinking options ``thinking`` (:class:`gateway.tools.Thinking` or None)."""
+    tools = list(policy.tools) if policy is not None and policy.tools else []
+    thinking_field = thinking.field if thinking is not None and thinking.enabled else None
+    if not tools and thinking_field is None:
         return origin
     if origin is None:
-        return ConstraintOrigin(None, None, policy.tools)
-    return ConstraintOrigin(origin.field, origin.document, policy.tools)
+        return ConstraintOrigin(None, None, tools, thinking_field)
+    return ConstraintOrigin(origin.field, origin.document, tools, thinking_field)
 
 
 def chat_count_request(messages: list[dict]) -> pb.CountTokensRequest:

@@ -35,11 +35,14 @@ class ConstraintOrigin:
         document: the parsed schema (for array-index rendering) or None.
         tools: the request's tools in order (:class:`gateway.tools.ToolSpec`: ``schema_path`` and
             ``parameters``); engine locations ``/tools/i/function/parameters/...`` map onto them.
+        thinking_field: the request field that asked for thinking (``"thinking.type"``,
+            ``"chat_template_kwargs.enable_thinking"``); engine locations ``/thinking/...`` map onto it.
     """
 
     field: str | None
     document: Any = None
     tools: list = field(default_factory=list)
+    thinking_field: str | None = None
 
 
 @dataclass
@@ -98,7 +101,9 @@ def rejection_from_rpc_error(err: grpc.RpcError, origin: ConstraintOrigin | None
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             kind, message = "EngineUnavailable", f"the engine is not reachable ({code.name}): {message}"
     tool_path = tool_location(origin, location)
-    if tool_path is not None:  # a tool's schema / name: the tool's own field path
+    if tool_path is None and origin is not None and origin.thinking_field and (location or "").startswith("/thinking"):
+        tool_path = origin.thinking_field  # e.g. thinking asked of a model without a thinking stage
+    if tool_path is not None:  # a tool's schema / name, the thinking switch: the request's own field path
         return ApiError(GRPC_TO_HTTP.get(code, 500), f"{kind or 'InvalidRequest'} at {tool_path}: {message}",
                         tool_path, kind or None)
     return engine_rejection(code, kind, message, location, origin.field if origin else None,

@@ -220,6 +220,7 @@ class Thinking:
 
     enabled: bool | None = None
     budget_tokens: int = 0
+    field: str | None = None  # request field that asked for thinking (engine refusals name it)
 
     def apply(self, req: pb.GenerateRequest) -> None:
         """Sets ``req.thinking`` when anything is asked for."""
@@ -248,7 +249,7 @@ def thinking_object(value: Any, path: str, budget_required: bool = False) -> Thi
         extra = [k for k, v in value.items() if k != "type" and v is not None]
         if extra:
             raise invalid(f"{path}.{extra[0]}", "is not allowed with type disabled")
-        return Thinking(enabled=False)
+        return Thinking(enabled=False, field=f"{path}.type")
     if ttype != "enabled":
         raise invalid(f"{path}.type", f"expected enabled or disabled, got {ttype!r}")
     extra = [k for k, v in value.items() if k not in ("type", "budget_tokens") and v is not None]
@@ -258,10 +259,10 @@ def thinking_object(value: Any, path: str, budget_required: bool = False) -> Thi
     if budget is None:
         if budget_required:
             raise invalid(f"{path}.budget_tokens", "is required")
-        return Thinking(enabled=True)
+        return Thinking(enabled=True, field=f"{path}.type")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise invalid(f"{path}.budget_tokens", f"expected a positive integer, got {budget!r}")
-    return Thinking(enabled=True, budget_tokens=budget)
+    return Thinking(enabled=True, budget_tokens=budget, field=f"{path}.type")
 
 
 def openai_thinking(body: dict) -> Thinking:
@@ -293,6 +294,7 @@ def openai_thinking(body: dict) -> Thinking:
             if out.enabled is not None and out.enabled != flag:
                 raise invalid("chat_template_kwargs.enable_thinking", "contradicts thinking.type")
             out.enabled = flag
+            out.field = out.field or "chat_template_kwargs.enable_thinking"
     return out
 
 

@@ -264,6 +264,26 @@ def test_anthropic_bad_tool_schema_names_the_field(anthropic_client):
     assert "tools[1].input_schema.properties.days" in exc.value.body["error"]["message"]
 
 
+def test_thinking_asked_of_a_model_without_a_thinking_stage_names_the_field(openai_client, anthropic_client):
+    """SmolLM2 has no thinking stage: the engine refuses, and the error names the request field that asked."""
+    for extra, field in (({"thinking": {"type": "enabled", "budget_tokens": 5}}, "thinking.type"),
+                         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs.enable_thinking")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            openai_client.chat.completions.create(model="default", messages=ASK, max_tokens=4, extra_body=extra)
+        assert exc.value.body["param"] == field and "no thinking stage" in exc.value.message, exc.value.body
+        with pytest.raises(openai.BadRequestError) as exc:
+            openai_client.responses.create(model="default", input="hi", max_output_tokens=16, extra_body=extra)
+        assert exc.value.body["param"] == field, exc.value.body
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        anthropic_client.messages.create(model="default", max_tokens=8, messages=ASK,
+                                         thinking={"type": "enabled", "budget_tokens": 4})
+    assert "thinking.type" in exc.value.body["error"]["message"] and "no thinking stage" in exc.value.body["error"]["message"]
+    # thinking off, or not asked: served
+    r = openai_client.chat.completions.create(model="default", messages=ASK, max_tokens=2,
+                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
 # --- Thinking (qwen3-tiny-random) -----------------------------------------------------------------------------
 
 
