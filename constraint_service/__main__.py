@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -36,6 +38,34 @@ def _set_pdeathsig() -> None:
         libc.prctl(1, PARENT_DEATH_SIGNAL)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
+
+
+# After its engine died the sidecar removes the ring, then gets this long for an orderly shutdown before
+# it exits whatever that shutdown waits on (a busy compile, a stuck stream): nobody is left to serve.
+ORPHAN_EXIT_S = 3.0
+
+
+def _parent_watchdog(parent_pid: int, servicer: ConstraintServicer, parent_died: threading.Event,
+                     stop: threading.Event) -> None:
+    """Daemon thread: notice the engine's death (``PR_SET_PDEATHSIG`` -> ``parent_died``, or the parent
+    pid changing, polled every 0.2 s), remove the ring the engine can no longer remove, wake the main
+    thread's shutdown and ``os._exit`` after ``ORPHAN_EXIT_S`` if it has not finished by then. Runs
+    apart from the main thread, so a main thread that never returns to Python cannot keep an orphan
+    sidecar alive."""
+    while not parent_died.wait(0.2):
+        if os.getppid() != parent_pid:
+            parent_died.set()
+    ring_name = servicer.ring_name
+    if ring_name:
+        from shared_memory.ring import remove_segment
+
+        try:
+            remove_segment(ring_name)
+        except Exception:  # noqa: BLE001 - already gone or not ours: exit anyway
+            log.exception("removing ring %s after the engine died", ring_name)
+    stop.set()
+    time.sleep(ORPHAN_EXIT_S)
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,22 +118,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL):
         signal.signal(sig, _on_signal)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
+    if args.parent_pid:
+        threading.Thread(target=_parent_watchdog, args=(args.parent_pid, servicer, parent_died, stop),
+                         name="parent-watchdog", daemon=True).start()
     print(f"constraint sidecar ready on {address}", flush=True)
-    while not stop.wait(0.5):
-        if args.parent_pid and os.getppid() != args.parent_pid:  # died before PR_SET_PDEATHSIG took effect
-            parent_died.set()
-            break
-    ring_name = servicer.ring_name
-    if parent_died.is_set():
-        if ring_name:  # the engine owned the ring and cannot remove it any more: first thing, before any wait
-            from shared_memory.ring import remove_segment
-
-            remove_segment(ring_name)
-        # nobody is left to serve: a shutdown step that hangs (a busy compile, a stuck stream) must not keep
-        # this process alive past its engine
-        t = threading.Timer(5.0, os._exit, args=(0,))
-        t.daemon = True
-        t.start()
+    while not stop.wait(0.5):  # in slices: a signal delivered to another thread is seen within 0.5 s
+        pass
     server.stop(grace=0.5).wait()
     servicer.close()
     if not args.listen and os.path.exists(args.socket):

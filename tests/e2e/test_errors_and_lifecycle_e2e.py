@@ -72,6 +72,24 @@ def own_stack():
         s.stop()
 
 
+def _process_report(pid: int, stack) -> str:
+    """What a process that should be gone is doing: its /proc status and wait channel, its children, and
+    every thread's Python stack (the sidecar dumps them on SIGUSR1 to the stderr the stack's pump reads)."""
+    out = []
+    for name in ("status", "wchan"):
+        try:
+            out.append(f"/proc/{pid}/{name}: " + Path(f"/proc/{pid}/{name}").read_text()[:1500])
+        except OSError as e:
+            out.append(f"/proc/{pid}/{name}: {e}")
+    out.append("children: " + subprocess.run(["pgrep", "-a", "-P", str(pid)], capture_output=True, text=True).stdout)
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.5)
+    except OSError as e:
+        out.append(f"SIGUSR1: {e}")
+    return "\n".join(out + stack.lines[-120:])
+
+
 def _wait_gone(pid: int, timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -117,7 +135,7 @@ def test_no_segment_after_stop_and_after_sigkill(own_stack, stack):
     # SIGKILL the engine: its sidecar notices, removes the ring and exits.
     sidecar = s.sidecar_pid()
     s.stop(signal.SIGKILL)
-    assert _wait_gone(sidecar), "sidecar outlived its SIGKILLed engine"
+    assert _wait_gone(sidecar), "sidecar outlived its SIGKILLed engine\n" + _process_report(sidecar, s)
     deadline = time.monotonic() + 10
     while shm_segments(s.port) and time.monotonic() < deadline:
         time.sleep(0.1)
