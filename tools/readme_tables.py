@@ -1,13 +1,15 @@
 """Regenerate the README's benchmark tables from committed results JSON (issue 12 "Honest benchmarks").
 
 usage:
-  python tools/readme_tables.py [--engine FILE.json] [--spec FILE.json] [--cpu FILE.json]
+  python tools/readme_tables.py [--engine FILE.json] [--engine-8b FILE.json] [--forward FILE.json]
+                                [--spec FILE.json] [--cpu FILE.json]
                                 [--jsonschema-suite FILE.json] [--write README.md]
 
 Each table is rendered from one results file (default: the newest ``bench/results/<bench>_*.json`` of
 that benchmark, CUDA preferred for engine/spec) and starts with a provenance line (date, device,
 revision, command). Without ``--write`` the tables are printed; with it, the text between
-``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME = engine | spec | cpu | jsonschema_suite) in the README is
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME = engine | engine_8b | forward | spec | cpu |
+jsonschema_suite) in the README is
 replaced, and a README that lacks a marker pair is left unchanged for that table (reported on stderr).
 Random-weight models are labelled "random weights" in their table heading.
 """
@@ -139,6 +141,29 @@ def jsonschema_suite_table(doc: dict) -> str:
     return "\n".join(out)
 
 
+def forward_table(doc: dict) -> str:
+    """``bench/forward_profile.py``: per shape, the eager-torch and fused decode step (median, spread), the
+    speedup, kernels per step and the step's multiple of the HBM-bandwidth bound."""
+    h = doc.get("header", {})
+    out = [_provenance(h), "",
+           f"Random weights, bf16, one T = 1 decode step replayed from a CUDA graph, median (min–max) of "
+           f"{h.get('repeats')} × {h.get('steps')} steps; bound = (parameter + live KV bytes) / 4.8 TB/s.", "",
+           "| shape (random weights) | B | context | eager torch | fused Triton | speedup | kernels / step | × HBM bound |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def ms(sp: dict) -> str:
+        if sp.get("n", 1) > 1 and sp.get("min") is not None and sp["min"] != sp["max"]:
+            return f"{sp['median']:.2f} ms ({sp['min']:.2f}–{sp['max']:.2f})"
+        return f"{sp['median']:.2f} ms"
+
+    for r in doc.get("rows", []):
+        ref, fused = r["reference"], r["triton"]
+        out.append(f"| {r['model'].removesuffix('-random')} | {r['batch']} | {r['context']:,} | {ms(ref['step_ms'])} | "
+                   f"{ms(fused['step_ms'])} | {r['speedup']:.2f}× | {ref['kernels_per_step']:,.0f} → "
+                   f"{fused['kernels_per_step']:,.0f} | {fused['bound_ratio']:.2f} |")
+    return "\n".join(out)
+
+
 def newest(prefix: str, prefer: str = "cuda") -> Path | None:
     """Newest ``bench/results/<prefix>*.json``, files whose name contains ``prefer`` first."""
     files = sorted(RESULTS.glob(f"{prefix}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -157,15 +182,20 @@ def replace_block(text: str, name: str, body: str) -> tuple[str, bool]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", type=Path, default=None)
+    ap.add_argument("--engine-8b", type=Path, default=None, help="engine bench of the 8B shapes")
+    ap.add_argument("--forward", type=Path, default=None, help="bench/forward_profile.py results")
     ap.add_argument("--spec", type=Path, default=None)
     ap.add_argument("--cpu", type=Path, default=None)
     ap.add_argument("--jsonschema-suite", type=Path, default=None)
     ap.add_argument("--write", type=Path, default=None, help="README to update between the markers")
     args = ap.parse_args(argv)
-    srcs = {"engine": args.engine or newest("engine_bench"), "spec": args.spec or newest("spec"),
+    srcs = {"engine": args.engine or RESULTS / "engine_bench_h200.json",
+            "engine_8b": args.engine_8b or RESULTS / "engine_bench_h200_8b.json",
+            "forward": args.forward or RESULTS / "forward_profile_h200.json",
+            "spec": args.spec or newest("spec"),
             "cpu": args.cpu or newest("cpu_bench", prefer="cpu_bench_"),
             "jsonschema_suite": args.jsonschema_suite or RESULTS / "jsonschema_test_suite.json"}
-    render = {"engine": engine_tables, "spec": spec_table, "cpu": cpu_table, "jsonschema_suite": jsonschema_suite_table}
+    render = {"engine": engine_tables, "engine_8b": engine_tables, "forward": forward_table, "spec": spec_table, "cpu": cpu_table, "jsonschema_suite": jsonschema_suite_table}
     blocks = {}
     for name, path in srcs.items():
         if path is None or not Path(path).exists():
