@@ -7,18 +7,12 @@ for prefill, decode, verify rows and a long context that the attention splits.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from gpu_engine.model.paged_attention import num_splits, triton_available
-
-ROOT = Path(__file__).resolve().parents[2]
 
 _CHECK = textwrap.dedent("""
     import os, sys, torch
@@ -111,11 +105,8 @@ _CHECK = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
-def test_fused_kernels_match_reference_in_interpreter() -> None:
-    code = _CHECK.format(tests=str(Path(__file__).parent))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert "FUSED-OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+def test_fused_kernels_match_reference_in_interpreter(triton_interpreter) -> None:
+    triton_interpreter(_CHECK, "FUSED-OK")
 
 
 def test_num_splits_depend_only_on_the_span() -> None:
