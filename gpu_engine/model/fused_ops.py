@@ -27,10 +27,11 @@ import functools
 
 import torch
 
-__all__ = ["add_rms_norm", "rope_kv_write", "silu_mul"]
+__all__ = ["add_rms_norm", "next_pow2", "rope_kv_write", "silu_mul"]
 
 
-def _p2(n: int) -> int:
+def next_pow2(n: int) -> int:
+    """Smallest power of two ``>= n`` (1 for ``n <= 1``): Triton block sizes (``tl.arange`` lengths)."""
     return 1 << max(0, int(n) - 1).bit_length()
 
 
@@ -137,7 +138,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     h = torch.empty_like(x)
     rows = x.numel() // D
     k, _, _ = _kernels()
-    block = _p2(D)
+    block = next_pow2(D)
     k[(rows,)](x, x if delta is None else delta, weight, h, D, float(eps), HAS_D=delta is not None,
                BLOCK=block, num_warps=4 if block <= 2048 else 8)
     return h
@@ -159,7 +160,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*gate_up.shape[:-1], I, device=gate_up.device, dtype=gate_up.dtype)
     rows = gate_up.numel() // (2 * I)
     _, k, _ = _kernels()
-    block = min(1024, _p2(I))
+    block = min(1024, next_pow2(I))
     k[(rows, -(-I // block))](gate_up, out, I, BLOCK=block, num_warps=4)
     return out
 
@@ -197,5 +198,5 @@ def rope_kv_write(qkv: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, cos
     half = hd // 2
     k[(M, num_heads + nkv)](qkv, pos, slots, cos, sin, q_norm if qk else cos, k_norm if qk else cos,
                             q, k_pool, v_pool, num_heads, nkv, qkv.stride(0), nb1 * bs, float(eps),
-                            HD=hd, HALF=half, HALF_P2=max(2, _p2(half)), QK_NORM=qk, num_warps=1)
+                            HD=hd, HALF=half, HALF_P2=max(2, next_pow2(half)), QK_NORM=qk, num_warps=1)
     return q

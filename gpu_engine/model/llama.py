@@ -291,16 +291,12 @@ class LlamaModel(nn.Module):
         pos = start_pos[:, None] + torch.arange(T, device=input_ids.device)          # [B, T]
         kv = self.kv
         slots = kv.slots(lanes, pos)                                                 # [B*T] pool slots
-        # prefill calls (last_only / logit_index) keep gather + SDPA whatever their length, so a prompt
-        # gets the same numbers in an eager prefill of its own length and in a padded prefill graph
-        use_kernel = self.attention == "triton" and T <= TRITON_MAX_T and not last_only and logit_index is None
-        if self.attention != "triton":
-            cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                  # [B, T, 1, hd]
-            sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
-
         x = F.embedding(input_ids, self.embed)                                       # [B, T, H]
         if self.attention == "triton":
-            return self._forward_fused(x, pos, slots, lanes, start_pos, L, ctx, use_kernel, last_only, logit_index)
+            return self._forward_fused(x, pos, slots, lanes, start_pos, L, ctx, last_only, logit_index)
+
+        cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                      # [B, T, 1, hd]
+        sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
         for li in range(L):
             layer = self.layers[li]
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
@@ -337,15 +333,18 @@ class LlamaModel(nn.Module):
         return F.linear(x, self.lm_head).float()
 
     def _forward_fused(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, lanes: torch.Tensor,
-                       start_pos: torch.Tensor, L: int, ctx: int, use_kernel: bool, last_only: bool,
+                       start_pos: torch.Tensor, L: int, ctx: int, last_only: bool,
                        logit_index: torch.Tensor | None) -> torch.Tensor:
         """The same layers as the eager loop of :meth:`forward` with the fused kernels of
         :mod:`gpu_engine.model.fused_ops`: per layer two add+RMSNorm, one RoPE + KV write, one
-        SiLU-and-multiply, four GEMMs and the attention (Triton paged kernel when ``use_kernel``).
-        The residual stream ``x`` ``[B, T, H]`` is updated in place; each layer's output projection
-        is added by the next norm."""
+        SiLU-and-multiply, four GEMMs and the attention. The residual stream ``x`` ``[B, T, H]`` is
+        updated in place; each layer's output projection is added by the next norm."""
         c = self.config
         B, T, _ = x.shape
+        # the Triton paged kernel serves decode/verify rows; prefill calls (last_only / logit_index) keep
+        # gather + SDPA whatever their length, so a prompt gets the same numbers in an eager prefill of its
+        # own length and in a padded prefill graph
+        use_kernel = T <= TRITON_MAX_T and not last_only and logit_index is None
         nh, hd, eps = c.num_heads, c.head_dim, c.rms_norm_eps
         kv = self.kv
         pos_flat = pos.reshape(-1)
@@ -365,9 +364,9 @@ class LlamaModel(nn.Module):
             delta = F.linear(o.reshape(B, T, self.q_size), layer.o)
             h = add_rms_norm(x, delta, layer.mlp_norm, eps)
             delta = F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
-        if logit_index is None and not last_only and delta is not None:
-            return F.linear(add_rms_norm(x, delta, self.norm, eps), self.lm_head).float()
         if delta is not None:
+            if logit_index is None and not last_only:  # every position: the last add fused into the final norm
+                return F.linear(add_rms_norm(x, delta, self.norm, eps), self.lm_head).float()
             x = x + delta
         return self._head(x, last_only, logit_index)
 

@@ -23,6 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from gpu_engine.model.fused_ops import next_pow2
+
 __all__ = ["paged_attention_reference", "paged_attention_triton", "triton_available", "num_splits"]
 
 
@@ -196,20 +198,21 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     group = nh // nkv
     kv_cap = min(-(-ctx // bs), block_table.shape[1]) * bs
     ns = num_splits(kv_cap) if splits is None else max(1, int(splits))
-    chunk = -(-(-(-kv_cap // ns)) // BLOCK_N) * BLOCK_N                      # keys per split, whole key blocks
+    chunk = -(-kv_cap // ns)
+    chunk = -(-chunk // BLOCK_N) * BLOCK_N                                   # keys per split, whole key blocks
     if splits is None:
         chunk = max(chunk, SPLIT_KEYS)
     ml = (torch.empty(B * T * nh * ns * (hd + 2), device=q.device, dtype=torch.float32) if ns > 1
           else out)
     dec, red = _kernels()
-    hd_p2 = max(16, 1 << (hd - 1).bit_length())
+    hd_p2 = max(16, next_pow2(hd))
     dec[(B * T, nkv, ns)](
         q, k_pool, v_pool, block_table, lanes, start_pos, out, ml,
         T, nb_all, block_table.stride(0), block_table.shape[0] - 1, kv_cap, chunk, 1.0 / math.sqrt(hd),
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, G_P2=max(16, 1 << (group - 1).bit_length()), HD=hd, HD_P2=hd_p2, BS=bs,
+        GROUP=group, G_P2=max(16, next_pow2(group)), HD=hd, HD_P2=hd_p2, BS=bs,
         BLOCK_N=BLOCK_N, NSPLIT=ns, PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
     if ns > 1:
         red[(B * T, nh)](ml, out, T, nh, out.stride(0), out.stride(1), out.stride(2),
-                         HD=hd, HD_P2=hd_p2, NSPLIT=ns, NS_P2=max(2, 1 << (ns - 1).bit_length()), num_warps=1)
+                         HD=hd, HD_P2=hd_p2, NSPLIT=ns, NS_P2=max(2, next_pow2(ns)), num_warps=1)
     return out
