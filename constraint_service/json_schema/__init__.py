@@ -12,6 +12,7 @@ import json
 import math
 
 from ..errors import ConstraintError
+from .common import esc
 from .emit import emit_grammar
 from .ir import NEVER, Ref, resolve
 from .reduce import DIALECTS, Reducer
@@ -76,7 +77,7 @@ def _first_ref(schema, ptr: str = "") -> str:
         if isinstance(schema.get("$ref"), str):
             return ptr + "/$ref"
         for k, v in schema.items():
-            found = _first_ref(v, f"{ptr}/{str(k).replace('~', '~0').replace('/', '~1')}")
+            found = _first_ref(v, f"{ptr}/{esc(str(k))}")
             if found:
                 return found
     elif isinstance(schema, list):
