@@ -29,16 +29,20 @@ def _num(x, fmt="{:,.0f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
-def _spread(row: dict, key: str, fmt="") -> str:
-    """``median`` plus `` (min–max)`` when repeats differ (default format: integer from 100 up, else 3 digits)."""
-    sp = row.get(f"{key}_spread") or {}
-    med = row.get(key)
+def _fmt_spread(med, sp: dict, fmt="") -> str:
+    """``med`` plus `` (min–max)`` of the spread ``sp`` when repeats differ (default format: integer from
+    100 up, else 3 digits)."""
     if med is None:
         return "–"
     fmt = fmt or ("{:,.0f}" if abs(med) >= 100 else "{:.3g}")
     if sp.get("n", 1) > 1 and sp.get("min") is not None and sp["min"] != sp["max"]:
         return f"{fmt.format(med)} ({fmt.format(sp['min'])}–{fmt.format(sp['max'])})"
     return fmt.format(med)
+
+
+def _spread(row: dict, key: str, fmt="") -> str:
+    """``row[key]`` with the spread ``row[key + "_spread"]`` (:func:`_fmt_spread`)."""
+    return _fmt_spread(row.get(key), row.get(f"{key}_spread") or {}, fmt)
 
 
 def _provenance(doc: dict) -> str:
@@ -148,19 +152,16 @@ def forward_table(doc: dict) -> str:
     out = [_provenance(h), "",
            f"Random weights, bf16, one T = 1 decode step replayed from a CUDA graph, median (min–max) of "
            f"{h.get('repeats')} × {h.get('steps')} steps; bound = (parameter + live KV bytes) / 4.8 TB/s.", "",
-           "| shape (random weights) | B | context | eager torch | fused Triton | speedup | kernels / step | × HBM bound |",
+           "| shape (random weights) | B | context | eager torch, ms | fused Triton, ms | speedup | kernels / step "
+           "| × HBM bound |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-
-    def ms(sp: dict) -> str:
-        if sp.get("n", 1) > 1 and sp.get("min") is not None and sp["min"] != sp["max"]:
-            return f"{sp['median']:.2f} ms ({sp['min']:.2f}–{sp['max']:.2f})"
-        return f"{sp['median']:.2f} ms"
-
     for r in doc.get("rows", []):
         ref, fused = r["reference"], r["triton"]
-        out.append(f"| {r['model'].removesuffix('-random')} | {r['batch']} | {r['context']:,} | {ms(ref['step_ms'])} | "
-                   f"{ms(fused['step_ms'])} | {r['speedup']:.2f}× | {ref['kernels_per_step']:,.0f} → "
-                   f"{fused['kernels_per_step']:,.0f} | {fused['bound_ratio']:.2f} |")
+        ref_ms, fused_ms = ref["step_ms"], fused["step_ms"]
+        out.append(f"| {r['model'].removesuffix('-random')} | {r['batch']} | {r['context']:,} | "
+                   f"{_fmt_spread(ref_ms['median'], ref_ms, '{:.2f}')} | "
+                   f"{_fmt_spread(fused_ms['median'], fused_ms, '{:.2f}')} | {r['speedup']:.2f}× | "
+                   f"{ref['kernels_per_step']:,.0f} → {fused['kernels_per_step']:,.0f} | {fused['bound_ratio']:.2f} |")
     return "\n".join(out)
 
 
