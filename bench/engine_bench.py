@@ -60,6 +60,7 @@ import os
 import queue
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def load_schemas(path: Path) -> list[str]:
 # ------------------------------------------------------------------ the stack
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
-                prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0):
+                prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0,
+                mask_soft_wait_ms: float | None = None):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -138,7 +140,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
 
         program = Program(loaded.model, vocab.vocab_size, loaded.model.device)
     capture_s = time.perf_counter() - t0
-    engine = BenchEngine(program, vocab, sidecar=sidecar, ring=ring)
+    soft = {} if mask_soft_wait_ms is None else dict(mask_soft_wait_s=mask_soft_wait_ms / 1e3)
+    engine = BenchEngine(program, vocab, sidecar=sidecar, ring=ring, **soft)
     sidecar.start()
     torch.manual_seed(0)
     return engine, loaded, capture_s
@@ -256,6 +259,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     for i in range(warm_steps + steps):
         if i == warm_steps:
             tok0, h2d0, t_start = st.tokens, st.mask_h2d_bytes, time.perf_counter()
+            phase0, work0 = dict(st.host_phase_s), (st.sidecar_work_s, st.sidecar_steps)
+            seq0 = engine._seq  # Step messages after this one are measured (step_trace)
             timings0 = len(getattr(prog, "step_timings", []))
             w0 = len(st.per_step_wait_ms)
         admitted = len(live) > engine.num_active
@@ -283,6 +288,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
         top_up()
     wall = time.perf_counter() - t_start
     tokens = st.tokens - tok0
+    trace = step_trace(engine, seq0)
     # rows still running: their latencies so far count too
     for r, t0 in live.values():
         ttft, itl, _ = _request_latencies(r, t0)
@@ -304,6 +310,12 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                gpu_idle_ms_mean=statistics.fmean(idle) if idle else None,
                gpu_idle_pct=(100 * sum(idle) / sum(idle_wall)) if idle else None,
                live_kv_tokens_mean=statistics.fmean(live_kv) if live_kv else None,
+               # engine-thread host time per step by phase (EngineStats.host_phase_s), mean over all measured steps
+               host_phase_ms_mean={k: 1e3 * (v - phase0.get(k, 0.0)) / steps for k, v in st.host_phase_s.items()},
+               # the sidecar's own time per answered Step (StepResponse.work_seconds), mean
+               sidecar_work_ms_mean=(1e3 * (st.sidecar_work_s - work0[0]) / (st.sidecar_steps - work0[1])
+                                     if st.sidecar_steps > work0[1] else None),
+               step_trace_ms=trace,
                )
     if hbm is not None and decode_times and live_kv:
         bound = hbm_bound_ms(hbm[0], statistics.fmean(live_kv), hbm[1])
@@ -318,6 +330,44 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                    exposed_wait_ms_mean=statistics.fmean(gaps) if gaps else None,
                    exposed_wait_pct=(100 * statistics.fmean(gaps) / out["step_ms_p50"]) if gaps else None)
     return out
+
+
+STEP_TRACE_LEGS = ("queued_to_taken", "taken_to_sidecar", "sidecar_work", "sidecar_to_engine", "round_trip")
+
+
+def step_trace(engine, seq0: int) -> dict | None:
+    """Where a Step message's round trip goes (``--step-trace``), medians in ms over the messages after
+    ``seq0``: queued by the engine -> taken by gRPC's sending thread (``queued_to_taken``) -> the
+    sidecar starts it (``taken_to_sidecar``) -> ``sidecar_work`` -> the answer is in the engine's hand
+    (``sidecar_to_engine``); ``round_trip`` = queued -> answer. Both processes stamp time.perf_counter()
+    (CLOCK_MONOTONIC, one clock per host): gpu_engine.sidecar.stream.StepStream.trace and the sidecar's
+    NINFER_STEP_TRACE file. None without --step-trace."""
+    path = os.environ.get("NINFER_STEP_TRACE")
+    stream = getattr(engine.sidecar, "_stream", None)
+    if not path or stream is None or stream.trace is None:
+        return None
+    ev: dict[int, dict[str, float]] = {}
+    for e, q, t in stream.trace:
+        if q > seq0:
+            ev.setdefault(q, {})[e] = t
+    stream.trace.clear()
+    side = {}
+    with open(path + ".sidecar") as f:
+        for line in f:
+            q, t0, t1 = line.split()
+            side[int(q)] = (float(t0), float(t1))
+    legs: dict[str, list[float]] = {k: [] for k in STEP_TRACE_LEGS}
+    for q, d in ev.items():
+        if q in side and {"put", "pull", "answer"} <= d.keys():
+            s0, s1 = side[q]
+            for k, v in zip(STEP_TRACE_LEGS, (d["pull"] - d["put"], s0 - d["pull"], s1 - s0, d["answer"] - s1,
+                                              d["answer"] - d["put"])):
+                legs[k].append(1e3 * v)
+    if not legs["round_trip"]:
+        return None
+    return dict(messages=len(legs["round_trip"]), **{k: statistics.median(v) for k, v in legs.items()})
+    # (sidecar_to_engine ends when the engine takes the answer: right after queueing the forward on CUDA,
+    # after the forward itself on the CPU, where it is no transport figure)
 
 
 def _ms(s):
@@ -476,7 +526,7 @@ def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: i
 #: figures aggregated over repeats (median + spread) in each run row
 AGG_KEYS = ("tokens_per_s", "decode_tokens_per_s", "step_ms_p50", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50",
             "gpu_idle_ms_p50", "gpu_idle_pct", "exposed_wait_ms_p50", "host_sidecar_wait_ms_p50",
-            "hbm_bound_fraction", "gpu_forward_ms_p50")
+            "hbm_bound_fraction", "gpu_forward_ms_p50", "sidecar_work_ms_mean")
 
 
 def aggregate(reps: list[dict]) -> dict:
@@ -487,6 +537,9 @@ def aggregate(reps: list[dict]) -> dict:
         sp = spread(r.get(k) for r in reps)
         row[k] = sp["median"]
         row[f"{k}_spread"] = sp
+    for k in ("host_phase_ms_mean", "step_trace_ms"):  # per-leg medians over the repeats
+        if all(isinstance(r.get(k), dict) for r in reps):
+            row[k] = {leg: statistics.median(r[k][leg] for r in reps if leg in r[k]) for leg in reps[0][k]}
     row["num_errors"] = sum(r["num_errors"] for r in reps)
     row["repeats"] = len(reps)
     return row
@@ -505,7 +558,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             args.graph_context, tokenizer_from=args.model,
                                             fill_threads=args.fill_threads, compile_timeout=args.compile_timeout,
                                             prefill_graphs=args.prefill_graphs, loaded=loaded,
-                                            fill_chunk_rows=args.fill_chunk_rows)
+                                            fill_chunk_rows=args.fill_chunk_rows,
+                                            mask_soft_wait_ms=args.mask_soft_wait)
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
@@ -612,6 +666,13 @@ def summary(res: dict) -> list[str]:
                          f"{r.get('gpu_idle_pct') or 0:6.1f} {r.get('hbm_bound_fraction') or 0:14.3f} "
                          f"{r['ttft_ms_p50'] or 0:8.1f} {r['itl_ms_p50'] or 0:6.2f}/{r['itl_ms_p99'] or 0:<8.2f} "
                          f"{r['mask_h2d_bytes_per_step']:10.0f}")
+        for r in m["runs"]:  # the constrained step's critical path, when measured
+            tr = r.get("step_trace_ms")
+            if tr:
+                lines.append(f"  B={r['batch']} {r['variant']}: Step round trip {tr['round_trip']:.2f} ms = queued->taken "
+                             f"{tr['queued_to_taken']:.2f} + taken->sidecar {tr['taken_to_sidecar']:.2f} + sidecar work "
+                             f"{tr['sidecar_work']:.2f} + sidecar->engine {tr['sidecar_to_engine']:.2f} (medians of "
+                             f"{tr['messages']:.0f} messages per repeat, median over repeats) vs GPU forward {r.get('gpu_forward_ms_p50') or 0:.2f} ms")
         src = {r.get("gpu_idle_source") for r in m["runs"]} - {None, ""}
         lines.append(f"  GPU idle source: {', '.join(sorted(src)) or '-'} (cuda_events: step wall - Forward - Finish "
                      "event time; host_wait: CPU run, time blocked on the sidecar's answer)")
@@ -719,6 +780,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
+    ap.add_argument("--step-trace", action="store_true",
+                    help="time every Step message's legs in both processes (step_trace_ms in the results)")
+    ap.add_argument("--mask-soft-wait", type=float, default=None,
+                    help="the engine's --mask-soft-wait in ms (default: the engine's default)")
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on")
     ap.add_argument("--graph-context", choices=["buckets", "full"], default="buckets")
     ap.add_argument("--prefill-graphs", default="on",
@@ -739,6 +804,8 @@ def main(argv=None) -> int:
         print("\n".join(summary(res)))
         print("plots:", plot(res, Path(args.plot).with_suffix("")))
         return 0
+    if args.step_trace:  # before the sidecar starts: it inherits the variable (constraint_service.server)
+        os.environ["NINFER_STEP_TRACE"] = os.path.join(tempfile.mkdtemp(prefix="ninfer-steptrace-"), "trace")
     if args.quick:
         args.batches, args.steps, args.warm_steps, args.repeats = [1, 2], 12, 2, 2
         args.ttft_reps, args.jsb, args.max_tokens = 1, min(args.jsb, 3), min(args.max_tokens, 8)

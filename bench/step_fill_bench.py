@@ -1,16 +1,16 @@
 """The sidecar's Step handling with and without overlapped chunk fills (issue 12 "No stall on expensive rows").
 
-usage: python bench/step_fill_bench.py [--rows 64] [--steps 300] [--chunks 0 16] [--schemas N] [--out FILE.json]
+usage: python bench/step_fill_bench.py [--rows 64] [--steps 300] [--chunks 0 16] [--fill-threads 0] [--out FILE.json]
 
 In one process (no gRPC, no subprocess: the number measured is the servicer's own ``_step`` time, the
 part the change touches), one :class:`constraint_service.server.ConstraintServicer` per
-``fill_chunk_rows`` value, each with its own mask ring of ``--rows`` lanes (K = 0), the SmolLM2
+(``fill_chunk_rows``, ``fill_threads``) pair, each with its own mask ring of ``--rows`` lanes (K = 0), the SmolLM2
 vocabulary, and the same ``--rows`` requests: JSON Schema (``bench/schemas_sample.json``, cycled) and
 regex rows. Every step each row commits one token drawn (fixed seed) from the mask the first servicer
 wrote for it last step, EOS excluded while another token is legal; a row that ends (EOS or 160 tokens)
 is closed on the next Step and replaced by a new request. The servicers get identical Step messages,
 interleaved step by step (order alternating); the ring bytes are compared after every step. Reported:
-per-Step time p50/p90/mean per servicer (after ``--warmup`` steps) and the ratio to ``fill_chunk_rows=0``.
+per-Step time p50/p90/mean per servicer (after ``--warmup`` steps) and the ratio to the first pair.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Ctx:
         raise RuntimeError(status)
 
 
-def _servicer(vocab, rows: int, chunk: int):
+def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0):
     from constraint_service.server import ConstraintServicer, SidecarOptions
     from ninfer.constraint.v1 import constraint_pb2 as pb
     from shared_memory.layout import RingGeometry
@@ -47,7 +47,7 @@ def _servicer(vocab, rows: int, chunk: int):
 
     geo = RingGeometry(num_slots=2, num_lanes=rows, num_positions=1, vocab_size=vocab.vocab_size)
     ring = MaskRing.create(f"ninfer-stepfill-{os.getpid()}-{uuid.uuid4().hex[:6]}", geo)
-    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0))
+    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0, fill_threads=fill_threads))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
         eos_ids=list(vocab.eos_ids)), Ctx())
@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--chunks", type=int, nargs="+", default=[0, 16])
+    ap.add_argument("--fill-threads", type=int, nargs="+", default=[0],
+                    help="xgrammar batch-fill threads (0 = the sidecar's auto); one servicer per (chunks, threads)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--switch-interval", type=float, default=0.0,
@@ -77,7 +79,9 @@ def main(argv=None) -> int:
     vocab = load_vocabulary_from_gguf(args.model)
     eos = set(vocab.eos_ids)
     schemas = [json.dumps(s) for s in json.loads((ROOT / "bench" / "schemas_sample.json").read_text())["schemas"]]
-    svs = [_servicer(vocab, args.rows, c) for c in args.chunks]
+    configs = [(c, n) for c in args.chunks for n in args.fill_threads]
+    labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'}" for c, n in configs]
+    svs = [_servicer(vocab, args.rows, c, n) for c, n in configs]
     rng = np.random.default_rng(args.seed)
     n = [0]
 
@@ -131,14 +135,13 @@ def main(argv=None) -> int:
                      ring_mismatches=mismatches, results={})
     base = statistics.median(times[0])
     print(f"Step handling, {args.rows} rows, {args.steps} steps (load avg at start {res['loadavg_at_start']}):")
-    for c, ts in zip(args.chunks, times):
+    for label, ts in zip(labels, times):
         ms = [1e3 * t for t in ts]
         sp = spread(ms)
-        res["results"][str(c)] = dict(step_ms=sp, p90_ms=float(np.percentile(ms, 90)), mean_ms=statistics.fmean(ms),
-                                      ratio_vs_first=statistics.median(ts) / base)
-        print(f"  fill_chunk_rows={c:<3} p50 {sp['median']:.3f} ms  p90 {np.percentile(ms, 90):.3f} ms  "
-              f"mean {statistics.fmean(ms):.3f} ms  (x{statistics.median(ts) / base:.3f} of fill_chunk_rows="
-              f"{args.chunks[0]})")
+        res["results"][label] = dict(step_ms=sp, p90_ms=float(np.percentile(ms, 90)), mean_ms=statistics.fmean(ms),
+                                     ratio_vs_first=statistics.median(ts) / base)
+        print(f"  {label:<36} p50 {sp['median']:.3f} ms  p90 {np.percentile(ms, 90):.3f} ms  "
+              f"mean {statistics.fmean(ms):.3f} ms  (x{statistics.median(ts) / base:.3f} of {labels[0]})")
     print(f"  ring slot differences between servicers: {mismatches}")
     for sv, ring in svs:
         sv.close()

@@ -178,6 +178,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         self._sessions: dict[str, _Live] = {}
         # one background fill thread: fills of one Step run in order (one xgrammar batch matcher)
         self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="ninfer-fill")
+        # NINFER_STEP_TRACE=PATH (diagnostics): one line "step_seq start end" (time.perf_counter(), the same
+        # CLOCK_MONOTONIC as the engine's StepStream.trace) per Step message, appended to PATH.sidecar
+        trace = os.environ.get("NINFER_STEP_TRACE")
+        self._trace = open(trace + ".sidecar", "a", buffering=1) if trace else None
 
     # ------------------------------------------------------------------ setup
     def RegisterVocabulary(self, request: pb.RegisterVocabularyRequest, context: grpc.ServicerContext):
@@ -368,7 +372,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4], error=o[5])
             else:
                 add(request_id=o[0], row=o[1], status=o[2], complete=o[3], terminated=o[4])
-        resp.work_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        resp.work_seconds = t1 - t0
+        if self._trace is not None:
+            self._trace.write(f"{req.step_seq} {t0:.7f} {t1:.7f}\n")
         return resp
 
     def _close_row(self, rid: str, lane: int, final_tokens) -> list:
@@ -401,3 +408,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             if self._ring is not None:
                 self._ring.close()
                 self._ring = None
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None

@@ -210,14 +210,17 @@ class OutputSession:
             raise IntegrityError("session is closed")
         if self._preview_len >= 0:
             raise IntegrityError("preview while another preview is pending")
-        matcher = self._matcher
+        matcher, eos, vsize = self._matcher, self._eos, self._vocab_size
+        # Only an accepted EOS (stop token) terminates the matcher, so the matcher is asked only after
+        # one: on the Step path this saves two library calls per row and token.
+        terminated = self._terminated
         n = 0
         for j, tok in enumerate(tokens):
             tok = int(tok)
             reason = ""
-            if self._terminated or matcher.is_terminated():
+            if terminated:
                 reason = "after EOS"
-            elif not (0 <= tok < self._vocab_size) or not matcher.accept_token(tok):
+            elif not (0 <= tok < vsize) or not matcher.accept_token(tok):
                 reason = "rejected by the grammar"
             if reason:
                 matcher.rollback(n)
@@ -226,9 +229,11 @@ class OutputSession:
                     f"{self._num_committed + j} overall) {reason}"
                 )
             n += 1
+            if tok in eos:
+                terminated = matcher.is_terminated()
         self._preview_len = n
-        self._preview_state = (matcher.is_completed(), matcher.is_terminated())
-        return PreviewResult(*self._preview_state)
+        self._preview_state = state = (matcher.is_completed(), terminated)
+        return PreviewResult(*state)
 
     def commit(self) -> None:
         """Confirm the pending preview (no allocation, no grammar check).

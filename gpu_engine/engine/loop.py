@@ -207,6 +207,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
 
     def step(self) -> bool:
         """Run one engine step; returns False when there was nothing to do."""
+        ta = time.perf_counter()
         revived = self._revive()
         self._admit()
         for r in self._lanes:
@@ -220,7 +221,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 return True  # a request came in during the wait: admit it now (no Step while one is pending)
         if not rows:
             return (self._close_only_step() if self.sidecar is not None else False) or revived
-        t0 = time.perf_counter()
+        t0 = self.stats.add_phase("admit", ta, time.perf_counter())
         timings = getattr(self.program, "step_timings", None)
         n_timings = len(timings) if timings is not None else 0
         n_waits = len(self.stats.per_step_wait_ms)
@@ -273,9 +274,12 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             if not rows:
                 self._closing[:0] = closing  # sent by the next step
                 return
-        td = time.perf_counter()
+        st, now = self.stats, time.perf_counter
+        td = now()
         drafts, draft_q, deferred = self._propose_rows(rows)  # rows past their first token
-        dt = time.perf_counter() - td
+        tp = now()
+        dt = tp - td
+        st.add_phase("drafts", td, tp)
         if drafts and not deferred:
             self.stats.draft_s += dt
             self.stats.draft_host_s += dt
@@ -296,7 +300,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             logits = prog.forward(batch)
             self._resolve_deferred(drafts, draft_q, deferred, dt)
             batch = batch.with_drafts(drafts, draft_q, device=prog.device)
+        tp = now()
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
+        tp = st.add_phase("send", tp, now())
         if not sent:
             constrained = []
             if logits is None:  # else the forward already ran for all rows; finished / parked rows drop below
@@ -307,10 +313,12 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 batch = batch.without_masks()
         if logits is None:  # the sidecar computes masks meanwhile
             batch = build_step_batch(rows, drafts, draft_q, slot=slot if sent else NO_SLOT, device=prog.device)
+            tp = st.add_phase("batch", tp, now())
             logits = prog.forward(batch)  # [B, T, V] float32, T = 1 + max drafts
+            tp = st.add_phase("forward", tp, now())
         words = status = enabled = None
         if sent:  # masks: wait only now (for a soft budget only when unconstrained rows ride along)
-            got = self._recv_masks(seq, batch, constrained, closing, self._soft_wait(rows))
+            got = self._recv_masks(seq, batch, constrained, closing, self._soft_wait(rows))  # "wait" + "stage"
             if got is DEFERRED:  # unconstrained rows go on now; the constrained ones wait as the pending step
                 rows, batch, logits = self._defer(seq, rows, batch, logits, constrained, closing, drafts)
             else:
@@ -331,7 +339,10 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
             if words is not None:
                 words, status, enabled = select_mask_rows(words, status, enabled, sel)
+        st, now = self.stats, time.perf_counter
+        tp = now()
         out = prog.sample(batch, logits, words, status, enabled)
+        tp = st.add_phase("sample", tp, now())
         for r, (toks, err) in zip(rows, out):
             if err is not None:
                 self._finish(r, "error", error=err)
@@ -345,6 +356,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 self.stats.spec_rows += 1
                 self.stats.accepted_draft_tokens += acc
             self._commit(r, toks)
+        st.add_phase("commit", tp, now())
 
     def _send_step(self, seq: int, slot: int, constrained: list[Request], closing: list,
                    drafts: dict[int, list[int]]) -> bool:

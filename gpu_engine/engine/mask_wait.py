@@ -116,11 +116,15 @@ class MaskWait:
         except SidecarUnavailable as e:
             self._sidecar_lost(constrained, str(e), closing)
             return None, None, None
-        wait = time.perf_counter() - tw + waited_s
+        tr = time.perf_counter()
+        self.stats.add_phase("wait", tw, tr)
+        wait = tr - tw + waited_s
         if got is None:
             self._waited_s = wait  # exposed so far; carried by the pending step
             return DEFERRED
-        results, _work = got
+        results, work = got
+        self.stats.sidecar_work_s += work
+        self.stats.sidecar_steps += 1
         by_id = {x.request_id: x for x in results}
         self._closed(closing, by_id)
         if not constrained:
@@ -142,6 +146,7 @@ class MaskWait:
         words, status, nbytes = self.program.stage_masks(self.ring, batch)
         enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
         self.stats.mask_h2d_bytes += nbytes
+        self.stats.add_phase("stage", tr, time.perf_counter())
         return words, status, enabled
 
     def _defer(self, seq: int, rows: list[Request], batch: StepBatch, logits: torch.Tensor,

@@ -41,6 +41,19 @@ class EngineStats:
     per_step_wall_ms: list[float] = field(default_factory=list)  # same steps as per_step_gpu_idle_ms
     per_step_prefill: list[bool] = field(default_factory=list)  # same steps: the step carried a prefill
     idle_source: str = ""
+    # Host time of the engine thread per phase of a step, seconds summed over steps (issue 12: where a
+    # constrained step's host time goes). Keys: "admit" (revive, admit, cancel checks), "drafts", "send"
+    # (build + queue the Step message), "batch" (build the StepBatch), "forward" (queue the forward; CUDA
+    # graphs: input copies + replay), "wait" (blocked on the sidecar's answer), "stage" (answer checks + mask
+    # staging), "sample" (masked sampling, its device sync included), "commit" (append tokens, stream deltas).
+    host_phase_s: dict[str, float] = field(default_factory=dict)
+    sidecar_work_s: float = 0.0  # the sidecar's own time on the answered Step messages (StepResponse.work_seconds)
+    sidecar_steps: int = 0  # Step answers counted in sidecar_work_s
+
+    def add_phase(self, name: str, t0: float, t1: float) -> float:
+        """Add ``t1 - t0`` seconds to phase ``name``; returns ``t1`` (the next phase's start)."""
+        self.host_phase_s[name] = self.host_phase_s.get(name, 0.0) + (t1 - t0)
+        return t1
 
 
 def ring_geometry(max_lanes: int, num_draft_tokens: int, vocab_size: int, num_slots: int = 2) -> RingGeometry:

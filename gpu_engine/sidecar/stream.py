@@ -14,6 +14,7 @@ same future. The hard deadline counts from the first wait for an answer, across 
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -46,8 +47,16 @@ class StepStream:
         self._closed = threading.Event()
         self._reader: ThreadPoolExecutor | None = None  # runs next() for soft waits (made on first use)
         self._next_answer: "Future[pb.StepResponse] | None" = None  # a next() in flight on the reader
-        self._call = stub.Step(iter(self._requests.get, None))
+        # NINFER_STEP_TRACE set (diagnostics, bench/engine_bench.py): (event, step_seq, time.perf_counter()) of
+        # every message: "put" (queued by the engine), "pull" (taken by gRPC's sending thread), "answer" (in hand)
+        self.trace: list | None = [] if os.environ.get("NINFER_STEP_TRACE") else None
+        self._call = stub.Step(self._outgoing() if self.trace is not None else iter(self._requests.get, None))
         threading.Thread(target=self._watch, name=f"ninfer-step-watchdog-{generation}", daemon=True).start()
+
+    def _outgoing(self):
+        for msg in iter(self._requests.get, None):
+            self.trace.append(("pull", msg.step_seq, time.perf_counter()))
+            yield msg
 
     def _watch(self) -> None:
         tick = min(0.25, self.deadline_s / 4)
@@ -66,6 +75,8 @@ class StepStream:
         """
         if self.broken:
             raise StreamBroken(self.broken)
+        if self.trace is not None:
+            self.trace.append(("put", msg.step_seq, time.perf_counter()))
         self._requests.put(msg)
 
     def recv(self, timeout: float | None = None) -> pb.StepResponse | None:
@@ -106,7 +117,10 @@ class StepStream:
 
     def _next(self) -> pb.StepResponse:
         try:
-            return next(self._call)
+            r = next(self._call)
+            if self.trace is not None:
+                self.trace.append(("answer", r.step_seq, time.perf_counter()))
+            return r
         except grpc.RpcError as e:
             # str(RpcError) is the call object's repr (``<_MultiThreadedRendezvous ...>``): never shown to clients
             self.broken = self.broken or (f"{e.code().name}: {e.details()}" if hasattr(e, "code") else

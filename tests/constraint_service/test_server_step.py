@@ -83,3 +83,28 @@ def test_row_statuses_are_ok_or_integrity_and_unknown_kinds_are_request_errors(s
     with pytest.raises(Aborted):
         sv.Prepare(pb.PrepareRequest(request_id="d2", constraint=pb.Constraint(kind="nope")), ctx := Ctx())
     assert ctx.status.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_step_trace_file_has_one_line_per_step(servicer, monkeypatch, tmp_path):
+    """NINFER_STEP_TRACE=PATH (bench/engine_bench.py --step-trace): "step_seq start end" per Step message,
+    time.perf_counter() seconds, appended to PATH.sidecar; nothing is written without the variable."""
+    _, ring = servicer
+    monkeypatch.setenv("NINFER_STEP_TRACE", str(tmp_path / "t"))
+    sv = ConstraintServicer(SidecarOptions(isolate_compiles=False))
+    try:
+        sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+            vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
+            eos_ids=list(VOCAB.eos_ids)), Ctx())
+        g = ring.geometry
+        sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=g.num_slots,
+                                           num_lanes=g.num_lanes, num_positions=g.num_positions,
+                                           num_words=g.num_words), Ctx())
+        _prepare(sv, "a", ["yes", "no"])
+        for seq in (7, 8):
+            sv._step(pb.StepRequest(step_seq=seq, slot=seq % 2, rows=[pb.RowStep(request_id="a", row=0)]))
+        lines = [line.split() for line in (tmp_path / "t.sidecar").read_text().splitlines()]
+        assert [int(q) for q, _, _ in lines] == [7, 8]
+        assert all(float(t0) <= float(t1) for _, t0, t1 in lines) and float(lines[0][2]) <= float(lines[1][1])
+    finally:
+        sv.close()
+    assert servicer[0]._trace is None  # made without the variable

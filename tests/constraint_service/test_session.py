@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import EOS, SPECIAL, VOCAB, W, allowed_ids, make_session, tok
+from conftest import EOS, SPECIAL, VOCAB, W, allowed_ids, make_session, session_mask, tok
 from constraint_service.errors import ConstraintError, IntegrityError
 from constraint_service.session import fill_rows
 from constraint_service.types import PreviewResult
@@ -139,6 +139,56 @@ def test_rejected_committed_token_is_integrity_error(compiler):
             s.preview([bad])
 
 
+def test_a_token_after_eos_in_the_same_preview_is_rejected_and_nothing_stays(compiler):
+    s = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    before = state(s)
+    with pytest.raises(IntegrityError, match="position 4 of 5 this step, 4 overall.* after EOS"):
+        s.preview([tok(b"status="), tok(b"ok"), ord("\n"), EOS, ord("x")])
+    assert state(s) == before and not s.preview_pending
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_preview_state_is_the_matchers_on_random_walks(compiler, seed):
+    """preview asks the matcher whether it terminated only after an EOS token; on random walks (legal
+    tokens, EOS anywhere, tokens after EOS, rejected ids) its result and errors still match a reference
+    matcher stepped token by token."""
+    rng = random.Random(seed)
+    grammars = [STATUS_GRAMMAR, "root ::= [0-9]+", 'root ::= ("a" | "bc")* "."']
+    checked = 0
+    for _ in range(30):
+        g = rng.choice(grammars)
+        s, ref = make_session(compiler, "grammar", g), make_session(compiler, "grammar", g)._matcher
+        for _ in range(8):
+            toks = []
+            for _ in range(rng.randint(0, 4)):
+                legal = [] if s.is_terminated else sorted(session_mask(s))
+                u = rng.random()
+                toks.append(EOS if u < 0.25 else rng.randrange(VOCAB.vocab_size) if u < 0.35 or not legal
+                            else rng.choice(legal))
+            n, want_err = 0, None
+            for t in toks:  # the reference: one token at a time, the matcher asked every time
+                if ref.is_terminated():
+                    want_err = "after EOS"
+                    break
+                if not ref.accept_token(t):
+                    want_err = "rejected by the grammar"
+                    break
+                n += 1
+            try:
+                r = s.preview(toks)
+            except IntegrityError as e:
+                assert want_err is not None and str(e).endswith(want_err)
+                ref.rollback(n)
+                assert not s.preview_pending
+                continue
+            assert want_err is None
+            assert r == PreviewResult(ref.is_completed(), ref.is_terminated())
+            s.commit()
+            checked += 1
+            assert (s.is_complete, s.is_terminated) == (ref.is_completed(), ref.is_terminated())
+    assert checked > 50
+
+
 def test_preview_and_lookahead_are_exclusive(compiler):
     s = make_session(compiler, "grammar", "root ::= [0-9]+")
     s.preview([ord("1")])
@@ -254,3 +304,4 @@ def test_fill_rows_reports_row_errors(compiler):
     errors = fill_rows([good, bad], [[ord("5")], []], bm, st)
     assert errors[0] is None and isinstance(errors[1], IntegrityError)
     assert st[0].tolist() == [READY, READY] and st[1].tolist() == [UNREACHABLE, UNREACHABLE]
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -293,3 +294,30 @@ def test_a_parked_request_can_be_cancelled(rig):
     first, second = _finish(reqs[0]), _finish(reqs[1])
     assert first.finish_reason == "cancelled" and first.error is None
     assert second.error is None and _valid(reqs[1]) and eng.replays == 1
+
+
+def test_host_phases_and_sidecar_work_are_accounted(rig):
+    """EngineStats.host_phase_s splits the engine thread's time by phase and sidecar_work_s adds up the
+    sidecar's own seconds of every answered Step (bench/engine_bench.py reports both per step)."""
+    class Timed(CrashingSidecar):
+        def recv_step(self, seq, timeout=None):
+            results, _ = super().recv_step(seq, timeout)
+            return results, 0.004 + 1e-6 * seq  # a distinct work figure per Step
+
+    eng, sc = rig(crash_at=10**9, sidecar_cls=Timed)
+    reqs = [_req(i) for i in range(3)] + [_req(9, constrained=False)]
+    for r in reqs[:3]:
+        sc.state[r.request_id] = 0
+    for r in reqs:
+        eng.submit(r)
+    t0 = time.perf_counter()
+    _drive(eng, lambda: _settled(eng, reqs))
+    wall = time.perf_counter() - t0
+    st = eng.stats
+    assert all(_valid(r) for r in reqs[:3]) and st.constrained_steps > 0
+    assert st.sidecar_steps == sc.recvs >= st.constrained_steps
+    assert st.sidecar_work_s == pytest.approx(sum(0.004 + 1e-6 * q for q in range(1, sc.recvs + 1)))
+    phases = st.host_phase_s
+    assert set(phases) == {"admit", "drafts", "send", "batch", "forward", "wait", "stage", "sample", "commit"}
+    assert all(v > 0 for k, v in phases.items() if k != "drafts")  # no drafter here: drafts may round to 0
+    assert sum(phases.values()) <= wall

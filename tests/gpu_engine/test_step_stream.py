@@ -45,6 +45,7 @@ class FakeStub:
         self.call = FakeCall()
 
     def Step(self, requests):  # noqa: N802 - gRPC stub method name
+        self.requests = requests  # what gRPC's sending thread iterates
         return self.call
 
 
@@ -94,3 +95,24 @@ def test_close_ends_an_outstanding_soft_wait():
     s.close()
     with pytest.raises(StreamBroken, match="closed"):
         s.recv(0.0)
+
+
+def test_the_step_trace_stamps_queued_taken_and_answered_in_order(monkeypatch):
+    """NINFER_STEP_TRACE (bench/engine_bench.py --step-trace): one (event, step_seq, time) per leg of each
+    message, on the sidecar's clock (time.perf_counter); off by default (no list, no wrapper)."""
+    assert StepStream(FakeStub(), 1, 30.0).trace is None
+    monkeypatch.setenv("NINFER_STEP_TRACE", "/nonexistent/trace")
+    stub = FakeStub()
+    s = StepStream(stub, 1, 30.0)
+    try:
+        for seq in (4, 5):
+            s.send(pb.StepRequest(step_seq=seq))
+            assert next(stub.requests).step_seq == seq  # gRPC's sending thread takes it
+            stub.call.answers.put(pb.StepResponse(step_seq=seq))
+            assert s.recv(None if seq == 4 else 5.0).step_seq == seq  # engine thread / reader thread
+        assert [(e, q) for e, q, _ in s.trace] == [("put", 4), ("pull", 4), ("answer", 4),
+                                                     ("put", 5), ("pull", 5), ("answer", 5)]
+        times = [t for _, _, t in s.trace]
+        assert times == sorted(times)
+    finally:
+        s.close()
