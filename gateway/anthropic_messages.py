@@ -162,7 +162,7 @@ def parse(body: dict, served_model: str) -> MessagesRequest:
     constraint, origin = _constraint(body)
     req = c.build_request(messages, max_tokens=max_tokens, sampling=sampling, constraint=constraint,
                           policy=policy, thinking=thinking)
-    return MessagesRequest(req, c.with_tools(origin, policy, thinking), c.get_bool(body, "stream", "stream"))
+    return MessagesRequest(req, c.error_origin(origin, policy, thinking), c.get_bool(body, "stream", "stream"))
 
 
 def count_request(body: dict, served_model: str) -> pb.CountTokensRequest:

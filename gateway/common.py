@@ -223,7 +223,7 @@ def build_request(messages: list[dict], *, max_tokens: int | None, sampling: dic
     return req
 
 
-def with_tools(origin: ConstraintOrigin | None, policy, thinking=None) -> ConstraintOrigin | None:
+def error_origin(origin: ConstraintOrigin | None, policy, thinking=None) -> ConstraintOrigin | None:
     """The error-mapping origin of a request with a body constraint ``origin``, tools ``policy`` and
     thinking options ``thinking`` (:class:`gateway.tools.Thinking` or None)."""
     tools = list(policy.tools) if policy is not None and policy.tools else []

@@ -173,7 +173,7 @@ def parse(body: dict, served_model: str) -> ChatRequest:
     constraint, origin = _constraint(body)
     req = c.build_request(messages, max_tokens=mct if mct is not None else mt, sampling=sampling,
                           constraint=constraint, policy=policy, thinking=thinking)
-    return ChatRequest(req, c.with_tools(origin, policy, thinking), stream, include_usage)
+    return ChatRequest(req, c.error_origin(origin, policy, thinking), stream, include_usage)
 
 
 def _usage(result) -> CompletionUsage:

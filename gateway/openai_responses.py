@@ -185,7 +185,7 @@ def parse(body: dict, served_model: str) -> ResponsesRequest:
             "temperature": sampling["temperature"], "top_p": sampling["top_p"],
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False}
-    return ResponsesRequest(req, c.with_tools(origin, policy, thinking), c.get_bool(body, "stream", "stream"), echo)
+    return ResponsesRequest(req, c.error_origin(origin, policy, thinking), c.get_bool(body, "stream", "stream"), echo)
 
 
 def _response(rid: str, created: int, model: str, echo: dict, status: str, output: list, result=None) -> Response:
