@@ -25,6 +25,15 @@ import grpc
 from ninfer.constraint.v1 import constraint_pb2 as pb
 
 
+# Seconds the engine thread waits, after queueing a Step message, for gRPC's sending thread to take it
+# (0: no wait). The sending thread needs the GIL, which the engine thread, busy building the batch and
+# launching the forward, would otherwise hold for up to the switch interval: the message then left
+# ~0.3 ms after it was queued on the H200 (bench/results/engine_bench_h200_step_trace.json, queued_to_taken).
+# Waiting on an Event hands the GIL over at once; the wait ends when the message is taken.
+# NINFER_STEP_HANDOFF_S overrides it (bench A/B runs).
+STEP_HANDOFF_S = float(os.environ.get("NINFER_STEP_HANDOFF_S", "0.0005"))
+
+
 class StreamBroken(Exception):
     """The stream ended, failed, or did not answer within the deadline (``str``: why, no Python repr)."""
 
@@ -50,12 +59,16 @@ class StepStream:
         # NINFER_STEP_TRACE set (diagnostics, bench/engine_bench.py): (event, step_seq, time.perf_counter()) of
         # every message: "put" (queued by the engine), "pull" (taken by gRPC's sending thread), "answer" (in hand)
         self.trace: list | None = [] if os.environ.get("NINFER_STEP_TRACE") else None
-        self._call = stub.Step(self._outgoing() if self.trace is not None else iter(self._requests.get, None))
+        self._taken = threading.Event()  # set when gRPC's sending thread took the last queued message
+        self._call = stub.Step(self._outgoing())
         threading.Thread(target=self._watch, name=f"ninfer-step-watchdog-{generation}", daemon=True).start()
 
     def _outgoing(self):
+        """The request iterator gRPC's sending thread consumes."""
         for msg in iter(self._requests.get, None):
-            self.trace.append(("pull", msg.step_seq, time.perf_counter()))
+            if self.trace is not None:
+                self.trace.append(("pull", msg.step_seq, time.perf_counter()))
+            self._taken.set()
             yield msg
 
     def _watch(self) -> None:
@@ -77,7 +90,10 @@ class StepStream:
             raise StreamBroken(self.broken)
         if self.trace is not None:
             self.trace.append(("put", msg.step_seq, time.perf_counter()))
+        self._taken.clear()
         self._requests.put(msg)
+        if STEP_HANDOFF_S > 0:
+            self._taken.wait(STEP_HANDOFF_S)  # see STEP_HANDOFF_S
 
     def recv(self, timeout: float | None = None) -> pb.StepResponse | None:
         """The next answer, waiting at most ``deadline_s`` seconds (plus the watchdog's tick) since the

@@ -7,10 +7,13 @@ The fake call blocks in ``next()`` like gRPC's response iterator until the test 
 from __future__ import annotations
 
 import queue
+import threading
+import time
 
 import grpc
 import pytest
 
+from gpu_engine.sidecar import stream as stream_mod
 from gpu_engine.sidecar.stream import StepStream, StreamBroken
 from ninfer.constraint.v1 import constraint_pb2 as pb
 
@@ -114,5 +117,31 @@ def test_the_step_trace_stamps_queued_taken_and_answered_in_order(monkeypatch):
                                                      ("put", 5), ("pull", 5), ("answer", 5)]
         times = [t for _, _, t in s.trace]
         assert times == sorted(times)
+    finally:
+        s.close()
+
+
+def test_send_hands_the_message_over_and_never_waits_past_the_handoff_budget(monkeypatch):
+    """send() waits (GIL released) until gRPC's sending thread took the message (STEP_HANDOFF_S): at most the
+    budget when nobody takes it, and no longer than the take when it is taken."""
+    stub = FakeStub()
+    s = StepStream(stub, 1, 30.0)
+    try:
+        monkeypatch.setattr(stream_mod, "STEP_HANDOFF_S", 0.2)
+        t = time.perf_counter()
+        s.send(pb.StepRequest(step_seq=1))  # nobody consumes: the wait ends at the budget
+        assert 0.2 <= time.perf_counter() - t < 5.0
+        assert next(stub.requests).step_seq == 1
+        monkeypatch.setattr(stream_mod, "STEP_HANDOFF_S", 30.0)
+        taker = threading.Thread(target=lambda: (time.sleep(0.05), next(stub.requests)))
+        taker.start()
+        t = time.perf_counter()
+        s.send(pb.StepRequest(step_seq=2))  # taken after ~50 ms: send returns then, not after 30 s
+        assert time.perf_counter() - t < 5.0
+        taker.join()
+        monkeypatch.setattr(stream_mod, "STEP_HANDOFF_S", 0.0)
+        t = time.perf_counter()
+        s.send(pb.StepRequest(step_seq=3))  # 0: no wait at all
+        assert time.perf_counter() - t < 0.1
     finally:
         s.close()
