@@ -341,7 +341,9 @@ def step_trace(engine, seq0: int) -> dict | None:
     sidecar starts it (``taken_to_sidecar``) -> ``sidecar_work`` -> the answer is in the engine's hand
     (``sidecar_to_engine``); ``round_trip`` = queued -> answer. Both processes stamp time.perf_counter()
     (CLOCK_MONOTONIC, one clock per host): gpu_engine.sidecar.stream.StepStream.trace and the sidecar's
-    NINFER_STEP_TRACE file. None without --step-trace."""
+    NINFER_STEP_TRACE file. ``sidecar_to_engine`` ends when the engine takes the answer: right after
+    queueing the forward on CUDA, after the forward itself on the CPU (where it is no transport figure).
+    None without --step-trace."""
     path = os.environ.get("NINFER_STEP_TRACE")
     stream = getattr(engine.sidecar, "_stream", None)
     if not path or stream is None or stream.trace is None:
@@ -366,8 +368,6 @@ def step_trace(engine, seq0: int) -> dict | None:
     if not legs["round_trip"]:
         return None
     return dict(messages=len(legs["round_trip"]), **{k: statistics.median(v) for k, v in legs.items()})
-    # (sidecar_to_engine ends when the engine takes the answer: right after queueing the forward on CUDA,
-    # after the forward itself on the CPU, where it is no transport figure)
 
 
 def _ms(s):

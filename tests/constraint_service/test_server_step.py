@@ -28,10 +28,8 @@ class Ctx:
         raise Aborted
 
 
-@pytest.fixture()
-def servicer():
-    geo = RingGeometry(num_slots=2, num_lanes=4, num_positions=2, vocab_size=VOCAB.vocab_size)
-    ring = MaskRing.create(f"ninfer-test-step-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+def _registered(ring: MaskRing) -> ConstraintServicer:
+    """A servicer with the test vocabulary registered and ``ring`` attached."""
     sv = ConstraintServicer(SidecarOptions(isolate_compiles=False))  # compile workers: test_compile_pool.py
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
@@ -40,6 +38,14 @@ def servicer():
     sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=g.num_slots,
                                        num_lanes=g.num_lanes, num_positions=g.num_positions,
                                        num_words=g.num_words), Ctx())
+    return sv
+
+
+@pytest.fixture()
+def servicer():
+    geo = RingGeometry(num_slots=2, num_lanes=4, num_positions=2, vocab_size=VOCAB.vocab_size)
+    ring = MaskRing.create(f"ninfer-test-step-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+    sv = _registered(ring)
     yield sv, ring
     sv.close()
     ring.close()
@@ -90,15 +96,8 @@ def test_the_step_trace_file_has_one_line_per_step(servicer, monkeypatch, tmp_pa
     time.perf_counter() seconds, appended to PATH.sidecar; nothing is written without the variable."""
     _, ring = servicer
     monkeypatch.setenv("NINFER_STEP_TRACE", str(tmp_path / "t"))
-    sv = ConstraintServicer(SidecarOptions(isolate_compiles=False))
+    sv = _registered(ring)
     try:
-        sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
-            vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
-            eos_ids=list(VOCAB.eos_ids)), Ctx())
-        g = ring.geometry
-        sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=g.num_slots,
-                                           num_lanes=g.num_lanes, num_positions=g.num_positions,
-                                           num_words=g.num_words), Ctx())
         _prepare(sv, "a", ["yes", "no"])
         for seq in (7, 8):
             sv._step(pb.StepRequest(step_seq=seq, slot=seq % 2, rows=[pb.RowStep(request_id="a", row=0)]))

@@ -304,4 +304,3 @@ def test_fill_rows_reports_row_errors(compiler):
     errors = fill_rows([good, bad], [[ord("5")], []], bm, st)
     assert errors[0] is None and isinstance(errors[1], IntegrityError)
     assert st[0].tolist() == [READY, READY] and st[1].tolist() == [UNREACHABLE, UNREACHABLE]
-
