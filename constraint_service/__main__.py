@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
+from ninfer_common.shutdown import ShutdownLatch
 from ninfer_common.telemetry import server_interceptors, setup_tracing
 
 from .server import ConstraintServicer, SidecarOptions
@@ -45,16 +46,14 @@ def _set_pdeathsig() -> None:
 ORPHAN_EXIT_S = 3.0
 
 
-def _parent_watchdog(parent_pid: int, servicer: ConstraintServicer, parent_died: threading.Event,
-                     stop: threading.Event) -> None:
-    """Daemon thread: notice the engine's death (``PR_SET_PDEATHSIG`` -> ``parent_died``, or the parent
-    pid changing, polled every 0.2 s), remove the ring the engine can no longer remove, wake the main
-    thread's shutdown and ``os._exit`` after ``ORPHAN_EXIT_S`` if it has not finished by then. Runs
-    apart from the main thread, so a main thread that never returns to Python cannot keep an orphan
-    sidecar alive."""
-    while not parent_died.wait(0.2):
-        if os.getppid() != parent_pid:
-            parent_died.set()
+def _parent_watchdog(parent_pid: int, servicer: ConstraintServicer, latch: ShutdownLatch) -> None:
+    """Daemon thread: notice the engine's death (``PR_SET_PDEATHSIG`` -> ``PARENT_DEATH_SIGNAL`` in
+    ``latch``, or the parent pid changing; polled every 0.2 s), remove the ring the engine can no longer
+    remove, ask the main thread to shut down and ``os._exit`` after ``ORPHAN_EXIT_S`` if it has not
+    finished by then. Runs apart from the main thread, so a main thread that never returns to Python
+    cannot keep an orphan sidecar alive."""
+    while not latch.received(PARENT_DEATH_SIGNAL) and os.getppid() == parent_pid:
+        time.sleep(0.2)
     ring_name = servicer.ring_name
     if ring_name:
         from shared_memory.ring import remove_segment
@@ -63,7 +62,7 @@ def _parent_watchdog(parent_pid: int, servicer: ConstraintServicer, parent_died:
             remove_segment(ring_name)
         except Exception:  # noqa: BLE001 - already gone or not ours: exit anyway
             log.exception("removing ring %s after the engine died", ring_name)
-    stop.set()
+    latch.handler(PARENT_DEATH_SIGNAL)
     time.sleep(ORPHAN_EXIT_S)
     os._exit(0)
 
@@ -108,23 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.listen:
         os.chmod(args.socket, 0o600)
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    stop = threading.Event()
-    parent_died = threading.Event()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        if signum == PARENT_DEATH_SIGNAL:
-            parent_died.set()
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL):
-        signal.signal(sig, _on_signal)
+    latch = ShutdownLatch()  # handlers that take no lock (see ninfer_common.shutdown)
+    latch.install((signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
     if args.parent_pid:
-        threading.Thread(target=_parent_watchdog, args=(args.parent_pid, servicer, parent_died, stop),
+        threading.Thread(target=_parent_watchdog, args=(args.parent_pid, servicer, latch),
                          name="parent-watchdog", daemon=True).start()
     print(f"constraint sidecar ready on {address}", flush=True)
-    while not stop.wait(0.5):  # in slices: a signal delivered to another thread is seen within 0.5 s
-        pass
+    latch.wait()
     server.stop(grace=0.5).wait()
     servicer.close()
     if not args.listen and os.path.exists(args.socket):

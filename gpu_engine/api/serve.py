@@ -11,10 +11,10 @@ import logging
 import os
 import signal
 import sys
-import threading
 from concurrent import futures
 
 from gpu_engine.spec.registry import SpecMethod
+from ninfer_common.shutdown import ShutdownLatch
 
 log = logging.getLogger("ninfer.serve")
 # Largest request message accepted on the public port, bytes.
@@ -194,10 +194,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     setup_tracing("ninfer-engine")
     if setup_metrics("ninfer-engine", args.metrics_port, args.host):
         print(f"metrics on http://{args.host}:{args.metrics_port}/metrics", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    latch = ShutdownLatch()  # handlers that take no lock (see ninfer_common.shutdown)
+    latch.install((signal.SIGTERM, signal.SIGINT))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     # Bind the public port before anything else (ring, sidecar, model): a second server on a taken
     # port must fail here without touching the live server's ring. SO_REUSEPORT off: gRPC enables it
     # by default, which lets a second process share (and steal connections from) a live port.
@@ -254,10 +253,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     print(f"ninfer ready on {args.host}:{port} (model {loaded.source}, device {engine.program.device}, "
           f"lanes {args.max_lanes})", flush=True)
     try:
-        # wake up now and then: a signal the kernel delivers to another thread (CUDA's own threads, say)
-        # does not interrupt a blocking wait of the main thread, which runs Python's signal handlers
-        while not stop.wait(0.5):
-            pass
+        latch.wait()  # polls: a signal the kernel delivers to another thread (CUDA's, say) is seen too
     finally:
         hs.enter_graceful_shutdown()
         server.stop(grace=2.0).wait()
