@@ -145,6 +145,20 @@ def json_type(v) -> str:
     raise TypeError(type(v))
 
 
+def json_key(v):
+    """A hashable key of a JSON value with ``json_key(a) == json_key(b)`` iff ``json_equal(a, b)``: booleans
+    apart from numbers, 1 and 1.0 the same number, arrays element-wise, objects by key set and values."""
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, (int, float)):
+        return ("n", v)  # int/float compare and hash by value: 1 == 1.0, hash(1) == hash(1.0)
+    if isinstance(v, list):
+        return ("a", tuple(json_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("o", frozenset((k, json_key(x)) for k, x in v.items()))
+    return (type(v).__name__, v)
+
+
 def json_equal(a, b) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b

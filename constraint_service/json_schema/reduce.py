@@ -11,7 +11,7 @@ import math
 from ..errors import ConstraintError
 from ..regex import parse_regex, regex_search
 from .ir import (ANY, NEVER, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
-                 String, Union, json_equal, resolve)
+                 String, Union, json_equal, json_key, resolve)
 from .formats import INTEGER_FORMATS, MAX_LENGTH, STRING_FORMATS, format_pattern
 from .numbers import INT64_MAX, INT64_MIN
 from .common import ALL_TYPES, MAX_VALUE_DEPTH, esc
@@ -238,8 +238,11 @@ class Reducer(RefsMixin, ComplementMixin, MergeMixin, ValuesMixin):
             for v in vals:
                 self.check_value(v, where, 0)
             kept = []
+            seen = set()  # json_key: equal JSON values once (an enum of 10,000 values is linear, not quadratic)
             for v in vals:
-                if self.accepts(node, v, 0) and not any(json_equal(v, k) for k in kept):
+                k = json_key(v)
+                if k not in seen and self.accepts(node, v, 0):
+                    seen.add(k)
                     kept.append(v)
             if not kept:
                 # no value: an empty schema (an optional property that must then be absent, a branch

@@ -145,6 +145,27 @@ def product_dfa(nfas: list, min_len: int = 0, max_len: int | None = None,
     order = [start]
     dfa = DFA()
     dfa.trans.append([])
+    # the NFA steps out of a tuple of subsets do not depend on the length counter: computed once per tuple
+    # (a length bound of N visits each tuple up to N + 1 times), in atom order, so the result is unchanged
+    moves: dict = {}
+
+    def moves_from(subsets):
+        out = moves.get(subsets)
+        if out is None:
+            out = []
+            for atom in atoms:
+                cp = atom[0][0]
+                nxt = []
+                for n, ss in zip(nfas, subsets):
+                    t = step(n, ss, cp)
+                    if not t:
+                        break
+                    nxt.append(t)
+                else:
+                    out.append((atom, tuple(nxt)))
+            moves[subsets] = out
+        return out
+
     i = 0
     while i < len(order):
         key = order[i]
@@ -154,19 +175,8 @@ def product_dfa(nfas: list, min_len: int = 0, max_len: int | None = None,
         if max_len is None or cnt < max_len:
             ncnt = cnt + 1 if cnt < cap else cnt
             by_target: dict = {}
-            for atom in atoms:
-                cp = atom[0][0]
-                nxt = []
-                dead = False
-                for n, ss in zip(nfas, subsets):
-                    t = step(n, ss, cp)
-                    if not t:
-                        dead = True
-                        break
-                    nxt.append(t)
-                if dead:
-                    continue
-                nkey = (tuple(nxt), ncnt)
+            for atom, nxt in moves_from(subsets):
+                nkey = (nxt, ncnt)
                 j = index.get(nkey)
                 if j is None:
                     j = len(order)

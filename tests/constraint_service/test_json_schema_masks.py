@@ -61,6 +61,12 @@ CASES = [
       "additionalProperties": False}, [{"a": "a"}, {"a": "ab\n"}, {"a": "é"}]),
     ({"type": "array", "items": {"type": "string", "maxLength": CHAIN_LIMIT + 3}},
      [["x" * (CHAIN_LIMIT + 3), "a"], ["\"" * 3], []]),
+    # longer bounds count blocks of CHAIN_LIMIT characters (exact-count chains): values that end on,
+    # just before and just after a block boundary, an escape straddling one
+    ({"type": "array", "items": {"type": "string", "maxLength": 2 * CHAIN_LIMIT + 1}},
+     [["x" * (2 * CHAIN_LIMIT + 1), "x" * CHAIN_LIMIT], ["a" * (CHAIN_LIMIT - 1) + "\n" + "é" * CHAIN_LIMIT]]),
+    ({"type": "string", "minLength": CHAIN_LIMIT + 2, "maxLength": 2 * CHAIN_LIMIT + 3},
+     ["x" * (CHAIN_LIMIT + 2), "xx\"" * (CHAIN_LIMIT // 2) + "abc"]),
     ({"type": "string", "pattern": "^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)$"},
      ["ABCD", "ABCDAB==", "ABC="]),
     ({"type": "object", "properties": {"k": {"type": "string", "pattern": "^[a-c]{2,3}$"}}, "required": ["k"]},
@@ -81,3 +87,28 @@ def test_bounded_string_counts_escapes_as_one_character():
                      ('"\\u001Fa"', False), ('"\\/"', False), ('"a\\n\\n"', False)):
         m = xgr.GrammarMatcher(g, terminate_without_stop_token=True)
         assert (m.accept_string(text.encode()) and m.is_completed()) is ok, text
+
+
+@pytest.mark.parametrize("lo,hi", [(0, CHAIN_LIMIT + 1), (0, 2 * CHAIN_LIMIT), (0, 2 * CHAIN_LIMIT + 1),
+                                   (0, 5 * CHAIN_LIMIT + 17), (CHAIN_LIMIT + 1, 3 * CHAIN_LIMIT), (2 * CHAIN_LIMIT, None)])
+def test_long_bounds_accept_exactly_the_lengths_in_range(lo, hi):
+    """Random values (escapes, quotes, control characters, non-ASCII) of every length near each block
+    boundary and near the bounds: accepted iff minLength <= length <= maxLength, in decoded characters."""
+    import random
+    schema = {"type": "string", "minLength": lo} if hi is None else {"type": "string", "minLength": lo, "maxLength": hi}
+    g = _CHARS.compile_grammar(json_schema_to_ebnf(json.dumps(schema)))
+    rng = random.Random(hi or lo)
+    pool = "ab x\"\\\n\té\u0001\u001f/"
+    top = (hi if hi is not None else lo) + 2
+    lengths = {n for b in range(0, top + CHAIN_LIMIT, CHAIN_LIMIT) for n in (b - 1, b, b + 1)} | \
+        {lo - 1, lo, lo + 1, top - 3, top - 2, top - 1, top}
+    tried = 0
+    for n in sorted(x for x in lengths if 0 <= x <= top):
+        for _ in range(2):
+            value = "".join(rng.choice(pool) for _ in range(n))
+            text = json.dumps(value, ensure_ascii=False)
+            m = xgr.GrammarMatcher(g, terminate_without_stop_token=True)
+            ok = m.accept_string(text.encode()) and m.is_completed()
+            assert ok is (lo <= n and (hi is None or n <= hi)), (n, lo, hi, text)
+            tried += 1
+    assert tried > 10
