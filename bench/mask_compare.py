@@ -2,6 +2,7 @@
 
 usage: python bench/mask_compare.py DATAFILE [--limit 500] [--seed 0] [--repeats 5] [--warmup 1]
                                      [--ids-from PREV.json] [--model GGUF] [--out PREFIX] [--no-plot]
+       python bench/mask_compare.py X --compare BEFORE.json AFTER.json [--project FULL.json] [--out PREFIX]
 
 DATAFILE: JSONSchemaBench MaskBench records (``.jsonl(.gz)``, read in place) with ``schema`` and
 ``tests: [{data, valid}]``.  Records that have a valid instance are taken in ``bench/mask_bench.py``'s
@@ -140,10 +141,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of measuring: combine the JSON (and .tokens.json.gz) of shard runs into --out")
     ap.add_argument("--note", default="", help="free text stored in the result (e.g. which emitter ran)")
     ap.add_argument("--worst", type=int, default=15, help="worst schemas listed")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                    help="instead of measuring: two runs on the same ids (e.g. two revisions, --ids-from) side by "
+                         "side per schema; with --project FULL.json, FULL's ratios of those ids scaled by AFTER/BEFORE")
+    ap.add_argument("--project", default="", help="a full-sample result to project a --compare onto")
     args = ap.parse_args(argv)
 
     if args.merge:
         return merge(args)
+    if args.compare:
+        return compare(args)
 
     import torch
     import xgrammar as xgr
@@ -324,6 +331,67 @@ def merge(args) -> int:
     started = datetime.datetime.fromisoformat(first["date"])
     write_report(args, started, time.perf_counter(), V, names, tried, rows, skipped, toks, cold, misses,
                  final=True)
+    return 0
+
+
+def compare(args) -> int:
+    """Two result files on the same schemas (a converter change measured before and after, each run's
+    xgrammar column timed in the same process as its ours column): per-schema ratio ours/xgr before and
+    after, their distributions over the common ids, pooled per-token percentiles of ours; with --project, a
+    full-sample run whose ratios of the common ids are multiplied by (after ours/xgr) / (before ours/xgr)
+    (a projection: a ratio measured on one machine carried onto another run's ratios, labelled as such)."""
+    runs = []
+    for path in args.compare:
+        base = path[:-5] if path.endswith(".json") else path
+        with open(base + ".json") as f:
+            runs.append(json.load(f))
+    by = [{r["id"]: r for r in res["rows"]} for res in runs]
+    common = [i for i in by[0] if i in by[1]]
+    before = np.array([by[0][i]["ratio"] for i in common])
+    after = np.array([by[1][i]["ratio"] for i in common])
+    out = {"bench": "mask_compare_ab", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": "python " + " ".join(sys.argv), "git_revision": git_rev(),
+           "runs": [{k: res[k] for k in ("command", "git_revision", "date", "device", "note")} for res in runs],
+           "common_ids": len(common),
+           "only_in": [sorted(set(by[0]) - set(by[1])), sorted(set(by[1]) - set(by[0]))],
+           "skipped": [res["schemas"]["skipped"] for res in runs],
+           "ratio_before": _ratio_summary(before), "ratio_after": _ratio_summary(after),
+           "per_token_us_ours": [res["per_token_us"]["ours"] for res in runs],
+           "cold_compile_ms_ours": [res["cold_compile_ms"]["ours"] for res in runs],
+           "rows": [{"id": i, "before": by[0][i]["ratio"], "after": by[1][i]["ratio"],
+                     "ours_us_before": by[0][i]["ours_mean_us"], "ours_us_after": by[1][i]["ours_mean_us"],
+                     "xgr_us_before": by[0][i]["xgr_mean_us"], "xgr_us_after": by[1][i]["xgr_mean_us"]}
+                    for i in common]}
+    print(f"{len(common)} schemas in both runs; ratio ours/xgr       p50     p90     max    mean  <=1.25")
+    for name, r in (("before", out["ratio_before"]), ("after", out["ratio_after"])):
+        print(f"  {name:44s} {r['p50']:7.2f} {r['p90']:7.2f} {r['max']:7.1f} {r['mean']:7.2f} "
+              f"{100 * r['share_le_target']:6.1f}%")
+    for k, name in enumerate(("before", "after")):
+        t = out["per_token_us_ours"][k]
+        print(f"  ours per token {name}: p50 {t['p50']:.1f} p99 {t['p99']:.1f} p99.9 {t['p99.9']:.1f} us; "
+              f"cold compile p50 {out['cold_compile_ms_ours'][k]['p50']:.0f} ms")
+    worst = sorted(out["rows"], key=lambda r: -r["before"])[: args.worst]
+    print("  largest before: id, ratio before -> after, ours us before -> after")
+    for r in worst:
+        print(f"    {r['id']:40s} {r['before']:9.2f} -> {r['after']:6.2f}   {r['ours_us_before']:10.1f} -> "
+              f"{r['ours_us_after']:8.1f}")
+    if args.project:
+        with open(args.project) as f:
+            full = json.load(f)
+        scale = {r["id"]: r["after"] / r["before"] for r in out["rows"]}
+        proj = np.array([r["ratio"] * scale.get(r["id"], 1.0) for r in full["rows"]])
+        out["projection"] = {"onto": args.project, "onto_revision": full["git_revision"],
+                             "scaled_ids": sum(r["id"] in scale for r in full["rows"]),
+                             "ratio_measured": _ratio_summary([r["ratio"] for r in full["rows"]]),
+                             "ratio_projected": _ratio_summary(proj)}
+        m, pj = out["projection"]["ratio_measured"], out["projection"]["ratio_projected"]
+        print(f"  projected onto {args.project} ({out['projection']['scaled_ids']} of {len(full['rows'])} rows "
+              f"scaled): mean {m['mean']:.2f} -> {pj['mean']:.2f}, p99 {m['p99']:.2f} -> {pj['p99']:.2f}, "
+              f"share <= 1.25 {100 * m['share_le_target']:.1f}% -> {100 * pj['share_le_target']:.1f}%")
+    path = (args.out or os.path.join(ROOT, "bench", "results", "mask_compare_ab")) + ".json"
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {path}")
     return 0
 
 

@@ -72,6 +72,11 @@ CASES = [
     ({"type": "object", "properties": {"k": {"type": "string", "pattern": "^[a-c]{2,3}$"}}, "required": ["k"]},
      [{"k": "ab"}, {"k": "abc", "x": 1}]),
     ({"type": "string", "minLength": 2}, ["ab", "a\"\\"]),
+    # patternProperties keys and `not` patterns: DFA rules with the closing quote inside the accepting states
+    ({"type": "object", "patternProperties": {"^[a-c]{1,2}$": {"type": "integer"}}, "additionalProperties": False},
+     [{"ab": 1, "c": 5}, {"a": 12}, {}]),
+    ({"type": "object", "properties": {"k": {"type": "string", "not": {"pattern": "^a"}}}, "required": ["k"]},
+     [{"k": "ba"}, {"k": ""}, {"k": "b\"a"}]),
 ]
 
 
