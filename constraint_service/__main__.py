@@ -46,23 +46,44 @@ def _set_pdeathsig() -> None:
 ORPHAN_EXIT_S = 3.0
 
 
-def _parent_watchdog(parent_pid: int, servicer: ConstraintServicer, latch: ShutdownLatch) -> None:
+class _OrphanRing:
+    """Removes the ring of a dead engine once, from whichever thread gets there first: the watchdog, or
+    the main thread's shutdown, which must not let the process exit with the ring still there."""
+
+    def __init__(self, servicer: ConstraintServicer, parent_pid: int, latch: ShutdownLatch) -> None:
+        self.servicer, self.parent_pid, self.latch = servicer, parent_pid, latch
+        self._lock = threading.Lock()  # threads only (never taken in a signal handler)
+        self._done = False
+
+    def parent_dead(self) -> bool:
+        return bool(self.parent_pid) and (self.latch.received(PARENT_DEATH_SIGNAL)
+                                          or os.getppid() != self.parent_pid)
+
+    def remove(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            ring_name = self.servicer.ring_name
+            if ring_name:
+                from shared_memory.ring import remove_segment
+
+                try:
+                    remove_segment(ring_name)
+                except Exception:  # noqa: BLE001 - already gone or not ours: exit anyway
+                    log.exception("removing ring %s after the engine died", ring_name)
+
+
+def _parent_watchdog(orphan: _OrphanRing) -> None:
     """Daemon thread: notice the engine's death (``PR_SET_PDEATHSIG`` -> ``PARENT_DEATH_SIGNAL`` in
-    ``latch``, or the parent pid changing; polled every 0.2 s), remove the ring the engine can no longer
+    the latch, or the parent pid changing; polled every 0.2 s), remove the ring the engine can no longer
     remove, ask the main thread to shut down and ``os._exit`` after ``ORPHAN_EXIT_S`` if it has not
     finished by then. Runs apart from the main thread, so a main thread that never returns to Python
     cannot keep an orphan sidecar alive."""
-    while not latch.received(PARENT_DEATH_SIGNAL) and os.getppid() == parent_pid:
+    while not orphan.parent_dead():
         time.sleep(0.2)
-    ring_name = servicer.ring_name
-    if ring_name:
-        from shared_memory.ring import remove_segment
-
-        try:
-            remove_segment(ring_name)
-        except Exception:  # noqa: BLE001 - already gone or not ours: exit anyway
-            log.exception("removing ring %s after the engine died", ring_name)
-    latch.handler(PARENT_DEATH_SIGNAL)
+    orphan.remove()
+    orphan.latch.handler(PARENT_DEATH_SIGNAL)
     time.sleep(ORPHAN_EXIT_S)
     os._exit(0)
 
@@ -110,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     latch = ShutdownLatch()  # handlers that take no lock (see ninfer_common.shutdown)
     latch.install((signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to stderr
+    orphan = _OrphanRing(servicer, args.parent_pid, latch)
     if args.parent_pid:
-        threading.Thread(target=_parent_watchdog, args=(args.parent_pid, servicer, latch),
-                         name="parent-watchdog", daemon=True).start()
+        threading.Thread(target=_parent_watchdog, args=(orphan,), name="parent-watchdog", daemon=True).start()
     print(f"constraint sidecar ready on {address}", flush=True)
     latch.wait()
+    if orphan.parent_dead():  # the watchdog may not have run yet: no exit with the dead engine's ring left
+        orphan.remove()
     server.stop(grace=0.5).wait()
     servicer.close()
     if not args.listen and os.path.exists(args.socket):
