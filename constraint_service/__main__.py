@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     servicer.close()
     if not args.listen and os.path.exists(args.socket):
         os.unlink(args.socket)
+    if orphan.parent_dead():  # a SIGKILLed engine may finish dying after a SIGTERM woke us: check again
+        orphan.remove()
     return 0
 
 

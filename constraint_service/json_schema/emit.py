@@ -293,8 +293,8 @@ class Emitter:
 
         r <= CHAIN_LIMIT: a chain of r + 1 rules with precompiled masks ``j_sb<k>`` (shared by every bound).
         Larger r: a chain ``j_sf<r>_<i>`` over the first CHAIN_LIMIT characters (the closing quote allowed
-        at each), then ``blocks_tail(r - CHAIN_LIMIT)``.  Strings of up to 2 * CHAIN_LIMIT characters never
-        run past the end of a rule whose continuation xgrammar cannot see while it precompiles masks."""
+        at each), then ``blocks_tail(r - CHAIN_LIMIT)``.  Strings of fewer than 2 * CHAIN_LIMIT characters
+        never run past the end of a rule whose continuation xgrammar cannot see while it precompiles masks."""
         if r <= CHAIN_LIMIT:
             return self.sb_chain(r)
         key = ("sf", r)
