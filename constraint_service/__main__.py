@@ -136,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_parent_watchdog, args=(orphan,), name="parent-watchdog", daemon=True).start()
     print(f"constraint sidecar ready on {address}", flush=True)
     latch.wait()
-    if orphan.parent_dead():  # the watchdog may not have run yet: no exit with the dead engine's ring left
-        orphan.remove()
     server.stop(grace=0.5).wait()
     servicer.close()
     if not args.listen and os.path.exists(args.socket):
         os.unlink(args.socket)
-    if orphan.parent_dead():  # a SIGKILLed engine may finish dying after a SIGTERM woke us: check again
+    # the watchdog may not have run yet, and a SIGKILLed engine may finish dying after a SIGTERM woke us:
+    # no exit with the dead engine's ring left
+    if orphan.parent_dead():
         orphan.remove()
     return 0
 

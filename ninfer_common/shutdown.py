@@ -10,7 +10,6 @@ threads that act on a request poll :meth:`ShutdownLatch.requested` (a plain read
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterable
 
@@ -52,10 +51,7 @@ class ShutdownLatch:
         """Whether the signal ``signum`` has been received."""
         return signum in self.signals
 
-    def wait(self, also: threading.Event | None = None, poll_s: float = POLL_S) -> None:
-        """Block until a stop is requested or ``also`` is set, looking every ``poll_s`` seconds.
-
-        ``also`` is read with ``is_set()``, which takes no lock, so a signal arriving meanwhile is harmless.
-        """
-        while not self.signals and not (also is not None and also.is_set()):
+    def wait(self, poll_s: float = POLL_S) -> None:
+        """Block until a stop is requested, looking every ``poll_s`` seconds."""
+        while not self.signals:
             time.sleep(poll_s)

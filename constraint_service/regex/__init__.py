@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from . import charset
 from .automaton import AutomatonLimit, NFA, build_nfa, nfa_matches, product_dfa, prune
-from .ebnf import ast_to_expr, charset_json, charset_raw, dfa_to_rules, ebnf_string, json_escape_char
+from .ebnf import ast_to_expr, charset_json, charset_raw, ebnf_string, json_escape_char
 from .parser import ParsedRegex, parse as parse_regex
 
 ANY_STAR = ("rep", ("chars", charset.ANY), 0, None)
@@ -60,5 +60,5 @@ def regex_search(pattern: str, text: str) -> bool:
 __all__ = [
     "regex_to_ebnf", "parse_regex", "ParsedRegex", "full_ast", "search_ast", "ast_to_expr",
     "regex_fullmatch", "regex_search", "build_nfa", "product_dfa", "prune", "AutomatonLimit",
-    "dfa_to_rules", "charset", "charset_json", "charset_raw", "ebnf_string", "json_escape_char",
+    "charset", "charset_json", "charset_raw", "ebnf_string", "json_escape_char",
 ]

@@ -138,19 +138,3 @@ def ast_to_expr(node, json_mode: bool, expand: bool = False) -> str:
             return inner
         return "(" + repeat("(" + inner + ")", lo, hi, expand) + ")"
     raise ValueError(kind)
-
-
-def dfa_to_rules(dfa, prefix: str, json_mode: bool) -> tuple[str, list[str]]:
-    """Right-linear grammar for a DFA; returns (start rule name, rule lines)."""
-    rules = []
-    for s, tr in enumerate(dfa.trans):
-        alts = []
-        for ranges, t in tr:
-            e = charset_json(ranges) if json_mode else charset_raw(ranges)
-            alts.append(f"{e} {prefix}{t}")
-        if s in dfa.accept:
-            alts.append('""')
-        if not alts:
-            alts.append("[]")
-        rules.append(f"{prefix}{s} ::= " + " | ".join(alts))
-    return f"{prefix}0", rules

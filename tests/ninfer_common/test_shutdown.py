@@ -32,14 +32,6 @@ def test_latch_records_which_signal_and_wait_returns():
     latch.wait(poll_s=0.001)  # returns at once: a stop was requested
 
 
-def test_wait_returns_when_the_other_event_is_set():
-    latch, other = ShutdownLatch(), threading.Event()
-    threading.Timer(0.05, other.set).start()
-    t0 = time.monotonic()
-    latch.wait(also=other, poll_s=0.01)
-    assert other.is_set() and not latch.requested() and time.monotonic() - t0 < 5
-
-
 def test_handler_runs_while_its_thread_holds_the_events_lock(sigusr2_restored):
     """The failure's shape, made deterministic: the handler runs while the interrupted thread holds an
     Event's lock. ``Event.set()`` there would block forever; the latch's handler takes no lock."""
@@ -51,7 +43,7 @@ def test_handler_runs_while_its_thread_holds_the_events_lock(sigusr2_restored):
         while not latch.requested() and time.monotonic() < deadline:
             pass  # bytecodes: CPython runs the pending handler between two of them
     assert latch.received(signal.SIGUSR2)
-    latch.wait(also=other, poll_s=0.001)
+    latch.wait(poll_s=0.001)
 
 
 CHILD = textwrap.dedent("""
