@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..errors import ConstraintError
 from ..regex import AutomatonLimit, build_nfa, charset as cs, parse_regex, search_ast
-from ..regex.automaton import DFA, eps_closure, nfa_charsets, prune, step
+from ..regex.automaton import DFA, check_length_bounds, eps_closure, explore, nfa_charsets, step
 from ..regex.ebnf import json_literal, repeat
 from .ir import NEVER, Object, String, is_empty
 from .formats import LEAP_PATTERNS
@@ -52,9 +52,7 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     """DFA (code points, start state 0) of the strings matching every pattern in `pos` (search
     semantics), none in `neg`, not equal to any of `excluded`, with min_len <= length <= max_len.
     Raises AutomatonLimit past max_states states or a length bound over MAX_LEN_BOUND."""
-    for b in (min_len, max_len):
-        if b is not None and b > MAX_LEN_BOUND:
-            raise AutomatonLimit("string_length_bound", f"string automaton length bound {b} exceeds {MAX_LEN_BOUND}")
+    check_length_bounds(min_len, max_len, MAX_LEN_BOUND)
     pn = [_nfa(p) for p in pos]
     nn = [_nfa(p) for p in neg]
     trie = [{}]
@@ -80,7 +78,6 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
         atoms.append(rest)
     atoms = [cs.intersect(a, cs.ANY) for a in atoms]
     atoms = [a for a in atoms if a]
-    cap = max_len if max_len is not None else min_len
     # states from which every continuation matches (a search pattern already found): a positive
     # pattern there is satisfied for good (one marker state), a negative one kills the string; without
     # this the product keeps tracking the NFA positions of matched patterns (many dead states)
@@ -90,66 +87,39 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     def norm_pos(sets):
         return tuple(_DONE if (s is _DONE or s & u) else s for s, u in zip(sets, pu))
 
-    start = (norm_pos(tuple(eps_closure(n, [n.start]) for n in pn)), tuple(eps_closure(n, [n.start]) for n in nn), 0, 0)
-    index = {start: 0}
-    order = [start]
-    dfa = DFA()
-    dfa.trans.append([])
-    # the moves out of (pattern subsets, trie node) do not depend on the length counter: computed once per
-    # such state (a length bound of N visits it up to N + 1 times), in atom order, so the result is unchanged
-    moves: dict = {}
-
-    def moves_from(ps, ns, tnode):
-        out = moves.get((ps, ns, tnode))
-        if out is None:
-            out = []
-            for atom in atoms:
-                cp = atom[0][0]
-                nps = []
-                dead = False
-                for n, s in zip(pn, ps):
-                    if s is _DONE:
-                        nps.append(s)
-                        continue
-                    t = step(n, s, cp)
-                    if not t:
-                        dead = True
-                        break
-                    nps.append(t)
-                if dead:
+    def moves(core):  # core = (positive pattern subsets, negative pattern subsets, trie node or -1)
+        ps, ns, tnode = core
+        out = []
+        for atom in atoms:
+            cp = atom[0][0]
+            nps = []
+            dead = False
+            for n, s in zip(pn, ps):
+                if s is _DONE:
+                    nps.append(s)
                     continue
-                nns = tuple(step(n, s, cp) if s else s for n, s in zip(nn, ns))
-                nt = trie[tnode].get(cp, -1) if tnode >= 0 and len(atom) == 1 and atom[0][0] == atom[0][1] else -1
-                out.append((atom, norm_pos(nps), nns, nt))
-            moves[(ps, ns, tnode)] = out
+                t = step(n, s, cp)
+                if not t:
+                    dead = True
+                    break
+                nps.append(t)
+            if dead:
+                continue
+            nns = tuple(step(n, s, cp) if s else s for n, s in zip(nn, ns))
+            nt = trie[tnode].get(cp, -1) if tnode >= 0 and len(atom) == 1 and atom[0][0] == atom[0][1] else -1
+            out.append((atom, (norm_pos(nps), nns, nt)))
         return out
 
-    i = 0
-    while i < len(order):
-        ps, ns, tnode, cnt = order[i]
-        if any(s & u for s, u in zip(ns, nu)):
-            i += 1
-            continue  # a forbidden pattern matched: no string through here is in the language
-        if (all(s is _DONE or n.final in s for n, s in zip(pn, ps)) and not any(n.final in s for n, s in zip(nn, ns))
-                and tnode not in ends and cnt >= min_len):
-            dfa.accept.add(i)
-        if max_len is None or cnt < max_len:
-            ncnt = cnt + 1 if cnt < cap else cnt
-            by_target: dict = {}
-            for atom, nps, nns, nt in moves_from(ps, ns, tnode):
-                key = (nps, nns, nt, ncnt)
-                j = index.get(key)
-                if j is None:
-                    j = len(order)
-                    if j >= max_states:
-                        raise AutomatonLimit("string_automaton_states", f"string automaton exceeds {max_states} states")
-                    index[key] = j
-                    order.append(key)
-                    dfa.trans.append([])
-                by_target.setdefault(j, []).extend(atom)
-            dfa.trans[i] = [(cs.normalize(r), j) for j, r in by_target.items()]
-        i += 1
-    return prune(dfa)
+    def accepting(core):
+        ps, ns, tnode = core
+        return (all(s is _DONE or n.final in s for n, s in zip(pn, ps)) and not any(n.final in s for n, s in zip(nn, ns))
+                and tnode not in ends)
+
+    def forbidden(core):  # a forbidden pattern matched: no string through here is in the language
+        return any(s & u for s, u in zip(core[1], nu))
+
+    start = (norm_pos(tuple(eps_closure(n, [n.start]) for n in pn)), tuple(eps_closure(n, [n.start]) for n in nn), 0)
+    return explore(start, moves, accepting, min_len, max_len, max_states, dead=forbidden)
 
 
 MAX_ENUM_KEYS = 64  # a finite class of undeclared keys up to this size is written out key by key

@@ -124,72 +124,90 @@ class DFA:
         self.accept: set[int] = set()
 
 
-def product_dfa(nfas: list, min_len: int = 0, max_len: int | None = None,
-                max_states: int = 65_536, max_len_bound: int = 8_192) -> DFA:
-    """DFA of the intersection of the NFAs' languages and min_len <= len <= max_len (code points)."""
-    if max_len is not None and max_len > max_len_bound:
-        raise AutomatonLimit("string_length_bound",
-                             f"string automaton length bound {max_len} exceeds {max_len_bound}")
-    if min_len > max_len_bound:
-        raise AutomatonLimit("string_length_bound",
-                             f"string automaton length bound {min_len} exceeds {max_len_bound}")
-    sets = set()
-    for n in nfas:
-        sets |= nfa_charsets(n)
-    atoms = [a for a in cs.partition(sets) if any(cs.contains(s, a[0][0]) for s in sets)]
-    # counter saturates at cap when there is no max
-    cap = max_len if max_len is not None else min_len
+def check_length_bounds(min_len: int, max_len: int | None, bound: int) -> None:
+    """Raise ``AutomatonLimit("string_length_bound")`` when a length bound of a string automaton is over ``bound``."""
+    for b in (max_len, min_len):
+        if b is not None and b > bound:
+            raise AutomatonLimit("string_length_bound", f"string automaton length bound {b} exceeds {bound}")
 
-    start = (tuple(eps_closure(n, [n.start]) for n in nfas), 0)
-    index = {start: 0}
-    order = [start]
+
+def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = None,
+            max_states: int = 65_536, dead=None) -> DFA:
+    """The pruned DFA of a product construction with a length counter (code points).
+
+    States are pairs (core, count) reached breadth-first from (``start``, 0); the count saturates at
+    ``max_len`` (or at ``min_len`` when there is no maximum). ``moves(core)`` lists ``(atom, next core)``
+    in a fixed order (atoms: disjoint code-point ranges); it does not depend on the count, so it runs
+    once per core (a length bound of N visits a core up to N + 1 times). A state accepts when
+    ``accepting(core)`` and count >= ``min_len``; a core with ``dead(core)`` true neither accepts nor
+    moves. Transitions to the same state are merged into one range set.
+
+    Raises:
+        AutomatonLimit: ``string_automaton_states`` past ``max_states`` states.
+    """
+    cap = max_len if max_len is not None else min_len
+    index = {(start, 0): 0}
+    order = [(start, 0)]
     dfa = DFA()
     dfa.trans.append([])
-    # the NFA steps out of a tuple of subsets do not depend on the length counter: computed once per tuple
-    # (a length bound of N visits each tuple up to N + 1 times), in atom order, so the result is unchanged
-    moves: dict = {}
-
-    def moves_from(subsets):
-        out = moves.get(subsets)
-        if out is None:
-            out = []
-            for atom in atoms:
-                cp = atom[0][0]
-                nxt = []
-                for n, ss in zip(nfas, subsets):
-                    t = step(n, ss, cp)
-                    if not t:
-                        break
-                    nxt.append(t)
-                else:
-                    out.append((atom, tuple(nxt)))
-            moves[subsets] = out
-        return out
-
+    memo: dict = {}
     i = 0
     while i < len(order):
-        key = order[i]
-        subsets, cnt = key
-        if all(n.final in ss for n, ss in zip(nfas, subsets)) and cnt >= min_len:
+        core, cnt = order[i]
+        if dead is not None and dead(core):
+            i += 1
+            continue
+        if cnt >= min_len and accepting(core):
             dfa.accept.add(i)
         if max_len is None or cnt < max_len:
             ncnt = cnt + 1 if cnt < cap else cnt
+            out = memo.get(core)
+            if out is None:
+                out = memo[core] = moves(core)
             by_target: dict = {}
-            for atom, nxt in moves_from(subsets):
-                nkey = (nxt, ncnt)
-                j = index.get(nkey)
+            for atom, nxt in out:
+                key = (nxt, ncnt)
+                j = index.get(key)
                 if j is None:
                     j = len(order)
                     if j >= max_states:
                         raise AutomatonLimit("string_automaton_states",
                                              f"string automaton exceeds {max_states} states")
-                    index[nkey] = j
-                    order.append(nkey)
+                    index[key] = j
+                    order.append(key)
                     dfa.trans.append([])
                 by_target.setdefault(j, []).extend(atom)
             dfa.trans[i] = [(cs.normalize(r), j) for j, r in by_target.items()]
         i += 1
     return prune(dfa)
+
+
+def product_dfa(nfas: list, min_len: int = 0, max_len: int | None = None,
+                max_states: int = 65_536, max_len_bound: int = 8_192) -> DFA:
+    """DFA of the intersection of the NFAs' languages and min_len <= len <= max_len (code points)."""
+    check_length_bounds(min_len, max_len, max_len_bound)
+    sets = set()
+    for n in nfas:
+        sets |= nfa_charsets(n)
+    atoms = [a for a in cs.partition(sets) if any(cs.contains(s, a[0][0]) for s in sets)]
+
+    def moves(subsets):
+        out = []
+        for atom in atoms:
+            cp = atom[0][0]
+            nxt = []
+            for n, ss in zip(nfas, subsets):
+                t = step(n, ss, cp)
+                if not t:
+                    break
+                nxt.append(t)
+            else:
+                out.append((atom, tuple(nxt)))
+        return out
+
+    start = tuple(eps_closure(n, [n.start]) for n in nfas)
+    return explore(start, moves, lambda subsets: all(n.final in ss for n, ss in zip(nfas, subsets)),
+                   min_len, max_len, max_states)
 
 
 def prune(dfa: DFA) -> DFA:

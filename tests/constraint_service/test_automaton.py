@@ -1,0 +1,106 @@
+"""String automata: the product construction with a length counter (regex/automaton.explore) and its two
+users, product_dfa (regex intersections with length bounds) and keys.lang_dfa (positive / negative search
+patterns, excluded names), against brute-force oracles over every short string of a small alphabet."""
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from constraint_service.json_schema.keys import lang_dfa
+from constraint_service.regex import AutomatonLimit, build_nfa, parse_regex, product_dfa
+from constraint_service.regex import charset as cs
+from constraint_service.regex import full_ast
+from constraint_service.regex.automaton import check_length_bounds, explore
+
+ALPHABET = "ab1-"
+
+
+def accepts(dfa, text: str) -> bool:
+    """Walk a DFA (start state 0) over the code points of ``text``."""
+    state = 0
+    for ch in text:
+        for ranges, target in dfa.trans[state]:
+            if cs.contains(ranges, ord(ch)):
+                state = target
+                break
+        else:
+            return False
+    return state in dfa.accept
+
+
+def strings(max_len: int):
+    for n in range(max_len + 1):
+        for t in itertools.product(ALPHABET, repeat=n):
+            yield "".join(t)
+
+
+A, B = ((ord("a"), ord("a")),), ((ord("b"), ord("b")),)
+
+
+def parity_moves(core):
+    """Core = number of 'a' seen mod 2; 'b' keeps it."""
+    return [(A, 1 - core), (B, core)]
+
+
+@pytest.mark.parametrize("min_len,max_len", [(0, None), (2, None), (0, 3), (1, 4), (3, 3)])
+def test_explore_counts_length_and_keeps_the_core_language(min_len, max_len):
+    dfa = explore(0, parity_moves, lambda core: core == 0, min_len, max_len)
+    for text in strings(6):
+        want = (set(text) <= {"a", "b"} and text.count("a") % 2 == 0 and len(text) >= min_len
+                and (max_len is None or len(text) <= max_len))
+        assert accepts(dfa, text) == want, text
+
+
+def test_explore_dead_core_neither_accepts_nor_moves():
+    # core 2 is reached by "bb" and is dead: nothing through it is accepted, even though accepting(2) holds
+    moves = lambda core: [(A, 0), (B, core + 1)] if core < 2 else [(A, 0), (B, 2)]  # noqa: E731
+    dfa = explore(0, moves, lambda core: True, dead=lambda core: core == 2)
+    for text in strings(5):
+        if set(text) <= {"a", "b"}:
+            assert accepts(dfa, text) == ("bb" not in text), text
+
+
+def test_explore_state_limit_and_length_bound():
+    with pytest.raises(AutomatonLimit) as e:
+        explore(0, parity_moves, lambda core: True, 0, 50, max_states=20)
+    assert e.value.limit == "string_automaton_states"
+    explore(0, parity_moves, lambda core: True, 0, 50, max_states=200)  # 102 states: within the limit
+    with pytest.raises(AutomatonLimit) as e:
+        check_length_bounds(0, 9, 8)
+    assert e.value.limit == "string_length_bound"
+    with pytest.raises(AutomatonLimit):
+        check_length_bounds(9, None, 8)
+    check_length_bounds(8, 8, 8)
+
+
+@pytest.mark.parametrize("patterns,min_len,max_len", [
+    (["[ab]+"], 0, None),
+    (["a*b*", "[ab]{2,3}"], 0, None),
+    (["[a-b1]*", "(a|1)*"], 1, 3),
+    (["(ab|b)*-?"], 2, None),
+    (["a+", "b+"], 0, None),  # empty intersection
+])
+def test_product_dfa_is_the_intersection_with_length_bounds(patterns, min_len, max_len):
+    nfas = [build_nfa(full_ast(parse_regex(p))) for p in patterns]
+    dfa = product_dfa(nfas, min_len, max_len)
+    for text in strings(5):
+        want = (all(re.fullmatch(p, text) for p in patterns) and len(text) >= min_len
+                and (max_len is None or len(text) <= max_len))
+        assert accepts(dfa, text) == bool(want), (patterns, text)
+
+
+@pytest.mark.parametrize("pos,neg,excluded,min_len,max_len", [
+    (("a",), (), (), 0, None),
+    (("^a", "b$"), (), (), 0, None),
+    ((), ("1",), (), 0, 3),
+    (("[ab]",), ("-", "bb"), ("a", "ab"), 1, None),
+    (("^[ab1]+$",), ("^1",), ("aa",), 0, 4),
+])
+def test_lang_dfa_is_search_patterns_minus_excluded_names(pos, neg, excluded, min_len, max_len):
+    dfa = lang_dfa(pos, neg, excluded, min_len, max_len)
+    for text in strings(5):
+        want = (all(re.search(p, text) for p in pos) and not any(re.search(p, text) for p in neg)
+                and text not in excluded and len(text) >= min_len and (max_len is None or len(text) <= max_len))
+        assert accepts(dfa, text) == bool(want), (pos, neg, excluded, text)
