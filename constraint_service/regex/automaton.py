@@ -124,8 +124,9 @@ class DFA:
         self.accept: set[int] = set()
 
 
-def check_length_bounds(min_len: int, max_len: int | None, bound: int) -> None:
-    """Raise ``AutomatonLimit("string_length_bound")`` when a length bound of a string automaton is over ``bound``."""
+def check_length_bounds(min_len: int | None, max_len: int | None, bound: int) -> None:
+    """Raise ``AutomatonLimit("string_length_bound")`` when a length bound of a string automaton is over
+    ``bound``; the message names ``max_len`` when both are."""
     for b in (max_len, min_len):
         if b is not None and b > bound:
             raise AutomatonLimit("string_length_bound", f"string automaton length bound {b} exceeds {bound}")
@@ -143,7 +144,8 @@ def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = Non
     moves. Transitions to the same state are merged into one range set.
 
     Raises:
-        AutomatonLimit: ``string_automaton_states`` past ``max_states`` states.
+        AutomatonLimit: ``string_automaton_states`` past ``max_states`` states, counted before pruning
+            (dead states and states that cannot reach acceptance are numbered and count too).
     """
     cap = max_len if max_len is not None else min_len
     index = {(start, 0): 0}

@@ -30,6 +30,26 @@ def accepts(dfa, text: str) -> bool:
     return state in dfa.accept
 
 
+def check_shape(dfa) -> None:
+    """A pruned DFA: every state reaches an accepting one; per state, one transition per target and
+    pairwise disjoint ranges (deterministic)."""
+    n = len(dfa.trans)
+    live = set(dfa.accept)
+    changed = True
+    while changed:
+        changed = False
+        for s, tr in enumerate(dfa.trans):
+            if s not in live and any(t in live for _, t in tr):
+                live.add(s)
+                changed = True
+    assert live == set(range(n)) or (n == 1 and not dfa.accept)
+    for tr in dfa.trans:
+        targets = [t for _, t in tr]
+        assert len(targets) == len(set(targets))
+        points = sorted(r for ranges, _ in tr for r in ranges)
+        assert all(a[1] < b[0] for a, b in zip(points, points[1:]))
+
+
 def strings(max_len: int):
     for n in range(max_len + 1):
         for t in itertools.product(ALPHABET, repeat=n):
@@ -66,7 +86,10 @@ def test_explore_state_limit_and_length_bound():
     with pytest.raises(AutomatonLimit) as e:
         explore(0, parity_moves, lambda core: True, 0, 50, max_states=20)
     assert e.value.limit == "string_automaton_states"
-    explore(0, parity_moves, lambda core: True, 0, 50, max_states=200)  # 102 states: within the limit
+    # (0, 0) and 2 cores x counts 1..50: 101 states, so the limit is exact
+    explore(0, parity_moves, lambda core: True, 0, 50, max_states=101)
+    with pytest.raises(AutomatonLimit):
+        explore(0, parity_moves, lambda core: True, 0, 50, max_states=100)
     with pytest.raises(AutomatonLimit) as e:
         check_length_bounds(0, 9, 8)
     assert e.value.limit == "string_length_bound"
@@ -85,6 +108,7 @@ def test_explore_state_limit_and_length_bound():
 def test_product_dfa_is_the_intersection_with_length_bounds(patterns, min_len, max_len):
     nfas = [build_nfa(full_ast(parse_regex(p))) for p in patterns]
     dfa = product_dfa(nfas, min_len, max_len)
+    check_shape(dfa)
     for text in strings(5):
         want = (all(re.fullmatch(p, text) for p in patterns) and len(text) >= min_len
                 and (max_len is None or len(text) <= max_len))
@@ -100,7 +124,19 @@ def test_product_dfa_is_the_intersection_with_length_bounds(patterns, min_len, m
 ])
 def test_lang_dfa_is_search_patterns_minus_excluded_names(pos, neg, excluded, min_len, max_len):
     dfa = lang_dfa(pos, neg, excluded, min_len, max_len)
+    check_shape(dfa)
     for text in strings(5):
         want = (all(re.search(p, text) for p in pos) and not any(re.search(p, text) for p in neg)
                 and text not in excluded and len(text) >= min_len and (max_len is None or len(text) <= max_len))
         assert accepts(dfa, text) == bool(want), (pos, neg, excluded, text)
+
+
+def test_length_bound_over_the_limit_is_refused_and_named():
+    for call in (lambda lo, hi: lang_dfa(("a",), (), (), lo, hi),
+                 lambda lo, hi: product_dfa([build_nfa(full_ast(parse_regex("a*")))], lo, hi)):
+        with pytest.raises(AutomatonLimit, match="9500 exceeds 8192") as e:
+            call(9000, 9500)
+        assert e.value.limit == "string_length_bound"
+        with pytest.raises(AutomatonLimit, match="9000 exceeds 8192"):
+            call(9000, None)
+        assert accepts(call(0, 8192), "a" * 8192) and not accepts(call(0, 8192), "a" * 8193)
