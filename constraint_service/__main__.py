@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-threads", type=int, default=0,
                     help="threads of xgrammar's batch mask fill on the Step path (0 = auto: min(8, CPUs), "
                          "1 on 2 CPUs)")
+    ap.add_argument("--compile-threads", type=int, default=0,
+                    help="xgrammar threads per cold compile (0 = auto: a quarter of the CPUs, 1 to 8)")
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="Steps with more rows fill them in chunks of this many on a background thread, "
                          "overlapping the next rows' commits (0 = default: commit all rows, then fill)")
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout,
                                                  fill_threads=max(0, args.fill_threads),
-                                                 fill_chunk_rows=max(0, args.fill_chunk_rows)))
+                                                 fill_chunk_rows=max(0, args.fill_chunk_rows),
+                                                 compile_threads=max(0, args.compile_threads)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 64 << 20)])
     pb_grpc.add_ConstraintServiceServicer_to_server(servicer, server)

@@ -67,7 +67,7 @@ class BuildRunner:
     """Runs owned builds for :class:`~constraint_service.compiler.ConstraintCompiler` (a mixin).
 
     Uses the compiler's ``backend``, ``compile_timeout_s``, ``max_cold_compiles``,
-    ``max_abandoned_compiles``, ``stats``, ``_pool`` (a ``CompilePool`` or None), ``_lock`` (stats),
+    ``max_abandoned_compiles``, ``compile_threads`` (isolated builds), ``stats``, ``_pool`` (a ``CompilePool`` or None), ``_lock`` (stats),
     ``_slot_cv`` / ``_running`` / ``_abandoned`` (slot accounting) and ``_settle`` (publishes a build
     that finished after its owner gave up).
     """
@@ -137,7 +137,9 @@ class BuildRunner:
         try:
             build.started = True
             text, _ = self._pool.prove(build.spec, deadline)
-            result = self.compile_grammar(backend, kind, backend.grammar_from_text(text), build.key)
+            # proven to end in time, so it may use the compile threads (nothing is left to re-nice)
+            result = self.compile_grammar(backend, kind, backend.grammar_from_text(text), build.key,
+                                          threads=self.compile_threads)
         except ConstraintError as exc:
             error = exc
             if exc.kind == "CompileTimeout":
@@ -198,12 +200,13 @@ class BuildRunner:
         return kind_entry(kind).to_grammar(backend, canon)
 
     @staticmethod
-    def compile_grammar(backend: Backend, kind: ConstraintKind | None, grammar: Any, key: tuple) -> CompiledConstraint:
-        """Compile a backend grammar (eagerly: every token mask is built now).
+    def compile_grammar(backend: Backend, kind: ConstraintKind | None, grammar: Any, key: tuple,
+                        threads: int = 1) -> CompiledConstraint:
+        """Compile a backend grammar (eagerly: every token mask is built now) on ``threads`` threads.
 
         Raises:
             ConstraintError: the kind's error kind when the backend rejects it.
         """
         error_kind = kind_entry(kind).error_kind if kind is not None else "UnsupportedSchema"
         return backend.compile(grammar, kind=kind_entry(kind).kind if kind is not None else None, key=key,
-                               error_kind=error_kind)
+                               error_kind=error_kind, threads=threads)

@@ -102,12 +102,15 @@ class CompilePool:
     Args:
         vocab: the vocabulary the workers index (sent to each worker once, pickled).
         size: worker processes (the compiler's ``max_cold_compiles``: one per compile slot).
+        compile_threads: xgrammar threads of each worker's compile (the worker is killed at the
+            deadline with all of them).
 
     Workers start in the background; :meth:`prove` waits (within its deadline) for a ready one.
     """
 
-    def __init__(self, vocab: Vocabulary, size: int) -> None:
-        self._blob = pickle.dumps(Vocabulary.from_any(vocab), protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, vocab: Vocabulary, size: int, compile_threads: int = 1) -> None:
+        self._blob = pickle.dumps((Vocabulary.from_any(vocab), max(1, int(compile_threads))),
+                                  protocol=pickle.HIGHEST_PROTOCOL)
         self._cv = threading.Condition()
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()

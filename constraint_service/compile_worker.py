@@ -1,7 +1,7 @@
 """A compile worker process (``python -m constraint_service.compile_worker FD``); see ``compile_pool``.
 
 Protocol on the inherited socket ``FD`` (``multiprocessing.connection`` framing): the sidecar sends the
-pickled :class:`~constraint_service.vocab.Vocabulary` once; the worker builds the vocabulary index and
+pickled ``(Vocabulary, compile threads)`` once; the worker builds the vocabulary index and
 answers ``("ready",)``.  Then, per :class:`~constraint_service.types.ConstraintSpec` received, it
 converts and compiles it (the same code as the in-process compile) and answers
 ``("ok", grammar JSON text, compile seconds)``, ``("error", kind, message, location)`` for a rejected
@@ -42,7 +42,7 @@ def main(fd: int) -> int:
     _die_with_parent()
     conn = Connection(fd)
     try:
-        vocab = pickle.loads(conn.recv_bytes())
+        vocab, threads = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
         return 0
     from .compiler import ConstraintCompiler
@@ -61,7 +61,7 @@ def main(fd: int) -> int:
         try:
             key, canon, _ = compiler._key_and_source(spec)
             grammar = compiler.grammar_of(backend, spec.kind, canon)
-            compiler.compile_grammar(backend, spec.kind, grammar, key)  # the proof
+            compiler.compile_grammar(backend, spec.kind, grammar, key, threads=threads)  # the proof
             msg = ("ok", backend.grammar_to_text(grammar), time.perf_counter() - t0)
         except ConstraintError as e:
             msg = ("error", e.kind, e.message, e.location)

@@ -107,13 +107,17 @@ class ConstraintCompiler(BuildRunner):
         isolate: run each cold compile first in a killable worker process (a warm pool of
             ``max_cold_compiles`` processes, started now in the background; xgrammar backend only),
             killed and replaced on ``CompileTimeout``; call :meth:`close` when done.
+        compile_threads: xgrammar threads per cold compile, with ``isolate`` only (the worker's proof
+            and the in-process compile after it); without ``isolate`` a build stays on its one thread,
+            which is re-niced if the build is abandoned at its deadline.
     """
 
     def __init__(self, vocab: Vocabulary, *, cache_bytes: int = 256 << 20,
                  max_cold_compiles: int = 2, compile_timeout_s: float = 10.0,
                  max_abandoned_compiles: Optional[int] = None, fill_threads: int = 2,
                  max_failures_remembered: int = 256,
-                 backend_factory: Callable[..., Backend] = XGrammarBackend, isolate: bool = False) -> None:
+                 backend_factory: Callable[..., Backend] = XGrammarBackend, isolate: bool = False,
+                 compile_threads: int = 1) -> None:
         if max_cold_compiles < 1:
             raise ValueError("max_cold_compiles must be >= 1")
         self.vocab = Vocabulary.from_any(vocab)
@@ -138,7 +142,11 @@ class ConstraintCompiler(BuildRunner):
         self._inflight: dict[tuple, Build] = {}
         self._failures: "OrderedDict[tuple, ConstraintError]" = OrderedDict()
         self._evict_pending = False
-        self._pool: Optional[CompilePool] = CompilePool(self.vocab, self.max_cold_compiles) if isolate else None
+        # threads only where a build is proven in a killable process first (an abandoned in-thread build
+        # must stay on its one re-niced thread)
+        self.compile_threads = max(1, int(compile_threads)) if isolate else 1
+        self._pool: Optional[CompilePool] = (CompilePool(self.vocab, self.max_cold_compiles, self.compile_threads)
+                                             if isolate else None)
 
     # -- public ---------------------------------------------------------------
     @property

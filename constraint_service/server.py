@@ -61,6 +61,10 @@ class SidecarOptions:
             thread. Off by default: on this 2-CPU host (load ~50) it made the Step 8x slower at p50
             (64 rows, bench/step_fill_bench.py: 2.5 -> 20 ms): the worker needs the GIL to pick up a
             chunk while the Step thread runs Python commits (GIL switch interval 5 ms).
+        compile_threads: xgrammar threads per cold compile (the worker's proof and the in-process
+            compile after it); 0 = auto: a quarter of the CPUs, 1 to 8 (4 on the H200 host's 16: p50
+            339 -> 93 ms over 68 dev schemas, bench/results/compile_threads_h200host.json; 1 on this
+            2-CPU box).
         isolate_compiles: prove each cold compile in a killable worker process first (killed at the
             deadline; ``ConstraintCompiler(isolate=True)``); False compiles on threads only (unit tests of
             the Step path, where worker start-up would only cost time).
@@ -71,15 +75,26 @@ class SidecarOptions:
     compile_timeout_s: float = 10.0
     fill_threads: int = 0
     fill_chunk_rows: int = 0
+    compile_threads: int = 0
     isolate_compiles: bool = True
 
 
-def _auto_fill_threads() -> int:
+def _cpus() -> int:
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cpus = os.cpu_count() or 2
+        return os.cpu_count() or 2
+
+
+def _auto_fill_threads() -> int:
+    cpus = _cpus()
     return 1 if cpus <= 2 else min(8, cpus)
+
+
+def _auto_compile_threads() -> int:
+    """A quarter of the CPUs, 1 to 8: two cold compiles at once then take at most half the host, the rest
+    stays with the Step path's fill threads and the engine."""
+    return min(8, max(1, _cpus() // 4))
 
 
 class _FillChunks:
@@ -201,6 +216,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             compile_timeout_s=self.options.compile_timeout_s,
             fill_threads=self.options.fill_threads or _auto_fill_threads(),
             isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
+            compile_threads=self.options.compile_threads or _auto_compile_threads(),
         )
         with self._lock:
             old, self._compiler = self._compiler, compiler

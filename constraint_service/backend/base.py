@@ -113,8 +113,11 @@ class Backend(Protocol):
         ...
 
     def compile(self, grammar: Grammar, *, kind: ConstraintKind | str, key: tuple,
-                error_kind: str = "InvalidGrammar") -> "CompiledConstraint":
+                error_kind: str = "InvalidGrammar", threads: int = 1) -> "CompiledConstraint":
         """Compile ``grammar`` against the vocabulary (blocking; may take seconds).
+
+        ``threads`` > 1 lets the library build the token masks on that many threads of its own; 1 runs
+        the whole compile on the calling thread (so it can be re-niced if abandoned).
 
         Raises:
             ConstraintError: ``error_kind`` when the library rejects the grammar at compile time.

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="grammar compile deadline, seconds")
     ap.add_argument("--mask-fill-threads", type=int, default=0,
                     help="sidecar threads for the batched mask fill (0 = auto: min(8, CPUs); 1 on 2 CPUs)")
+    ap.add_argument("--compile-threads", type=int, default=0,
+                    help="sidecar threads per cold grammar compile (0 = auto: a quarter of the CPUs, 1 to 8)")
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="torch intra-op threads of a CPU engine (0 = auto: one core left for the constraint "
                          "sidecar and the RPC threads, i.e. max(1, cores - 1), at most torch's default)")
@@ -136,7 +138,8 @@ def build_stack(args: argparse.Namespace):
                       prepare_timeout_s=2 * args.compile_timeout + args.sidecar_deadline,
                       extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
-        "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads)])
+        "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads),
+        "--compile-threads", str(args.compile_threads)])
     SidecarSupervisor(sidecar, args.sidecar_deadline, max_restarts=args.sidecar_max_restarts)  # started by the engine
     from gpu_engine.executor import make_program
 

@@ -6,6 +6,8 @@ cache and the "CompileTimeout is never remembered" rule are unchanged; hits neve
 """
 from __future__ import annotations
 
+import pickle
+
 import psutil
 import pytest
 
@@ -43,6 +45,33 @@ def test_isolated_compile_gives_the_same_language_and_caches(isolated):
     assert session_mask(make_session(plain, "regex", "ab|ba")) == session_mask(s)
     before = isolated.stats.built
     assert isolated.compile(spec)[1].cache == "hit" and isolated.stats.built == before
+
+
+def test_isolated_builds_compile_on_the_compile_threads_in_thread_builds_on_one():
+    assert ConstraintCompiler(VOCAB, compile_threads=4).compile_threads == 1  # may be abandoned: one thread
+    c = ConstraintCompiler(VOCAB, isolate=True, max_cold_compiles=1, compile_timeout_s=60.0, compile_threads=3)
+    try:
+        assert c.wait_workers(120), "no compile worker started"
+        assert pickle.loads(c._pool._blob)[1] == 3  # what each worker is told for its proof
+        backend, seen = c.backend, []
+        inner = backend.compile
+
+        def recording(*args, **kwargs):
+            seen.append(kwargs.get("threads"))
+            return inner(*args, **kwargs)
+
+        backend.compile = recording
+        source = '{"type":"object","properties":{"a":{"type":"string","pattern":"^[a-c]+$"}},"required":["a"]}'
+        compiled, info = c.compile(ConstraintSpec("json_schema", source))
+        assert info.cache == "built" and seen == [3]
+        plain = ConstraintCompiler(VOCAB)  # one thread, in-thread: the same masks
+        for prefix in (b"", b'{"a":"', b'{"a":"ab'):
+            s, p = make_session(c, "json_schema", source), make_session(plain, "json_schema", source)
+            for b in prefix:
+                s.preview([b]), s.commit(), p.preview([b]), p.commit()
+            assert session_mask(s) == session_mask(p)
+    finally:
+        c.close()
 
 
 @pytest.mark.parametrize("kind,source,err_kind,location", [

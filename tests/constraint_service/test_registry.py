@@ -79,9 +79,9 @@ class RecordingBackend:
         self.calls.append(("grammar_from_text",))
         return self._inner.grammar_from_text(text)
 
-    def compile(self, grammar, *, kind, key, error_kind="InvalidGrammar"):
+    def compile(self, grammar, *, kind, key, error_kind="InvalidGrammar", threads=1):
         self.calls.append(("compile", kind, str(error_kind)))
-        compiled = self._inner.compile(grammar, kind=kind, key=key, error_kind=error_kind)
+        compiled = self._inner.compile(grammar, kind=kind, key=key, error_kind=error_kind, threads=threads)
         compiled.backend = self  # matchers come from this backend
         return compiled
 

@@ -107,3 +107,10 @@ def test_the_step_trace_file_has_one_line_per_step(servicer, monkeypatch, tmp_pa
     finally:
         sv.close()
     assert servicer[0]._trace is None  # made without the variable
+
+
+@pytest.mark.parametrize("cpus,fill,compile_threads", [(1, 1, 1), (2, 1, 1), (4, 4, 1), (16, 8, 4), (64, 8, 8)])
+def test_auto_thread_counts_follow_the_cpus(monkeypatch, cpus, fill, compile_threads):
+    from constraint_service import server
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert server._auto_fill_threads() == fill and server._auto_compile_threads() == compile_threads
