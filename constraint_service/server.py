@@ -64,7 +64,7 @@ class SidecarOptions:
         compile_threads: xgrammar threads per cold compile (the worker's proof and the in-process
             compile after it); 0 = auto: a quarter of the CPUs, 1 to 8 (4 on the H200 host's 16: p50
             339 -> 93 ms over 68 dev schemas, bench/results/compile_threads_h200host.json; 1 on this
-            2-CPU box).
+            2-CPU box); at most the CPUs this process may run on.
         isolate_compiles: prove each cold compile in a killable worker process first (killed at the
             deadline; ``ConstraintCompiler(isolate=True)``); False compiles on threads only (unit tests of
             the Step path, where worker start-up would only cost time).
@@ -216,7 +216,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             compile_timeout_s=self.options.compile_timeout_s,
             fill_threads=self.options.fill_threads or _auto_fill_threads(),
             isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
-            compile_threads=self.options.compile_threads or _auto_compile_threads(),
+            # more threads than CPUs never helps: an oversized --compile-threads is capped, not obeyed
+            compile_threads=min(self.options.compile_threads or _auto_compile_threads(), _cpus()),
         )
         with self._lock:
             old, self._compiler = self._compiler, compiler

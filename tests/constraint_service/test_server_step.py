@@ -114,3 +114,16 @@ def test_auto_thread_counts_follow_the_cpus(monkeypatch, cpus, fill, compile_thr
     from constraint_service import server
     monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     assert server._auto_fill_threads() == fill and server._auto_compile_threads() == compile_threads
+
+
+def test_compile_threads_are_capped_at_the_cpus(monkeypatch):
+    from constraint_service import server
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1})
+    sv = server.ConstraintServicer(server.SidecarOptions(compile_threads=100_000, isolate_compiles=True))
+    try:
+        sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+            vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
+            eos_ids=list(VOCAB.eos_ids)), Ctx())
+        assert sv._compiler.compile_threads == 2
+    finally:
+        sv.close()
