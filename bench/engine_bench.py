@@ -107,7 +107,7 @@ def load_schemas(path: Path) -> list[str]:
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
                 prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0,
-                mask_soft_wait_ms: float | None = None):
+                mask_soft_wait_ms: float | None = None, step_shards: int = 0):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -127,7 +127,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
                      num_positions=geo.num_positions, num_words=geo.num_words)
     sidecar = Sidecar(None, vocab, ring_info,
                       extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout),
-                                  "--fill-chunk-rows", str(fill_chunk_rows)])
+                                  "--fill-chunk-rows", str(fill_chunk_rows), "--step-shards", str(step_shards)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
         from gpu_engine.executor.cuda_graph import CudaProgram
@@ -559,7 +559,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             fill_threads=args.fill_threads, compile_timeout=args.compile_timeout,
                                             prefill_graphs=args.prefill_graphs, loaded=loaded,
                                             fill_chunk_rows=args.fill_chunk_rows,
-                                            mask_soft_wait_ms=args.mask_soft_wait)
+                                            mask_soft_wait_ms=args.mask_soft_wait, step_shards=args.step_shards)
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
@@ -635,10 +635,16 @@ def _drain(engine):
     engine._drain_waiting()
 
 
-def _auto_fill_threads() -> int:
-    from constraint_service.server import _auto_fill_threads as auto
+def _auto_step_shards() -> int:
+    from constraint_service.server import _auto_step_shards as auto
 
     return auto()
+
+
+def _auto_fill_threads(shards: int = 1) -> int:
+    from constraint_service.server import _auto_fill_threads as auto
+
+    return auto(shards)
 
 
 def summary(res: dict) -> list[str]:
@@ -780,6 +786,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
+    ap.add_argument("--step-shards", type=int, default=0,
+                    help="sidecar Step shards (0 = the sidecar's auto choice)")
     ap.add_argument("--step-trace", action="store_true",
                     help="time every Step message's legs in both processes (step_trace_ms in the results)")
     ap.add_argument("--mask-soft-wait", type=float, default=None,
@@ -816,7 +824,8 @@ def main(argv=None) -> int:
         max_tokens=args.max_tokens, temperature=TEMPERATURE, steps=args.steps, warm_steps=args.warm_steps,
         repeats=args.repeats, batches=args.batches, prompt=PROMPT, gbnf=GBNF, regex=REGEX,
         num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
-        fill_threads=args.fill_threads or _auto_fill_threads(), fill_chunk_rows=args.fill_chunk_rows,
+        fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
+        step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "

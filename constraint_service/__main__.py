@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="Steps with more rows fill them in chunks of this many on a background thread, "
                          "overlapping the next rows' commits (0 = default: commit all rows, then fill)")
+    ap.add_argument("--step-shards", type=int, default=0,
+                    help="processes sharing the Step work: this one and N-1 shard workers, each with its own "
+                         "sessions and compile cache (0 = auto: 1 below 8 CPUs, else CPUs/4, at most 4)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
@@ -111,14 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid:
         _set_pdeathsig()
 
+    hs = health.HealthServicer()
     servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout,
                                                  fill_threads=max(0, args.fill_threads),
                                                  fill_chunk_rows=max(0, args.fill_chunk_rows),
-                                                 compile_threads=max(0, args.compile_threads)))
+                                                 compile_threads=max(0, args.compile_threads),
+                                                 step_shards=max(0, args.step_shards)),
+                                  # a lost shard worker: NOT_SERVING, so the engine's heartbeat restarts us
+                                  on_health=lambda ok: hs.set("", health_pb2.HealthCheckResponse.SERVING if ok
+                                                              else health_pb2.HealthCheckResponse.NOT_SERVING))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), interceptors=server_interceptors(),
                          options=[("grpc.max_receive_message_length", 64 << 20)])
     pb_grpc.add_ConstraintServiceServicer_to_server(servicer, server)
-    hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     if args.listen:
         address = args.listen

@@ -17,9 +17,8 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 
@@ -30,9 +29,10 @@ from ninfer_common.telemetry import get_tracer
 from shared_memory.ring import MaskRing
 
 from .compiler import ConstraintCompiler
-from .errors import ConstraintError, IntegrityError
-from .session import OutputSession, fill_rows
+from .errors import ConstraintError
 from .registry import kind_entry
+from .shard import INTEGRITY, DuplicateSession, StepShard
+from .shard_pool import RemoteShard, ShardBroken, wait_all
 from .types import UNCONSTRAINED, CacheStatus, ConstraintSpec
 from .vocab import Vocabulary
 
@@ -68,6 +68,12 @@ class SidecarOptions:
         isolate_compiles: prove each cold compile in a killable worker process first (killed at the
             deadline; ``ConstraintCompiler(isolate=True)``); False compiles on threads only (unit tests of
             the Step path, where worker start-up would only cost time).
+        step_shards: processes that share the Step work (:mod:`constraint_service.shard`): the sidecar
+            itself and ``step_shards - 1`` shard workers, each with its own sessions, compile cache and
+            fill threads (``fill_threads`` each; auto = the CPUs / shards, 1 to 8); 0 = auto: 1 below 8
+            CPUs, else a quarter of the CPUs, at most 4.
+        step_timeout_s: the longest wait for a shard worker's Step answer (it is then broken: the
+            sidecar reports ``NOT_SERVING`` and its engine restarts it).
     """
 
     cache_bytes: int = 256 << 20
@@ -77,6 +83,8 @@ class SidecarOptions:
     fill_chunk_rows: int = 0
     compile_threads: int = 0
     isolate_compiles: bool = True
+    step_shards: int = 1
+    step_timeout_s: float = 30.0
 
 
 def _cpus() -> int:
@@ -86,87 +94,23 @@ def _cpus() -> int:
         return os.cpu_count() or 2
 
 
-def _auto_fill_threads() -> int:
+def _auto_fill_threads(shards: int = 1) -> int:
+    """Batch-fill threads of each of ``shards`` Step shards: the CPUs shared out, 1 to 8 (1 on 2 CPUs)."""
     cpus = _cpus()
-    return 1 if cpus <= 2 else min(8, cpus)
+    return 1 if cpus <= 2 else max(1, min(8, cpus // max(1, shards)))
+
+
+def _auto_step_shards() -> int:
+    """1 below 8 CPUs (a shard worker would only take CPU from the engine), else a quarter of the CPUs,
+    at most 4."""
+    cpus = _cpus()
+    return 1 if cpus < 8 else min(4, cpus // 4)
 
 
 def _auto_compile_threads() -> int:
     """A quarter of the CPUs, 1 to 8: two cold compiles at once then take at most half the host, the rest
     stays with the Step path's fill threads and the engine."""
     return min(8, max(1, _cpus() // 4))
-
-
-class _FillChunks:
-    """The lookahead fills of one Step, started while the Step's rows are still being committed.
-
-    Rows are added as their commit is done; with more than ``fill_chunk_rows`` rows in the Step, every
-    ``fill_chunk_rows`` added rows go to the servicer's fill thread at once (:func:`fill_rows` on those
-    lanes only), so the C++ fill (GIL released) overlaps the Python commits of the next rows. Each row
-    writes only its own ring rows, so the slot's contents do not depend on the chunking.
-    """
-
-    def __init__(self, servicer: "ConstraintServicer", fill: list, drafts_of: list, bitmask, status,
-                 num_rows: int) -> None:
-        self.fill, self.drafts_of, self.bitmask, self.status = fill, drafts_of, bitmask, status
-        n = servicer.options.fill_chunk_rows
-        self.chunk = n if 0 < n < num_rows else 0  # 0: everything in the Step thread at finish()
-        self.pool = servicer._fill_pool
-        self.pending: list[int] = []
-        self.futures: list[Future] = []
-
-    def _run(self, lanes: list[int]) -> list:
-        try:
-            return fill_rows(self.fill, self.drafts_of, self.bitmask, self.status, lanes=lanes)
-        except IntegrityError as e:  # malformed views: every row of the chunk
-            return [e] * len(self.fill)
-
-    def add(self, lane: int) -> None:
-        self.pending.append(lane)
-        if self.chunk and len(self.pending) >= self.chunk:
-            self.futures.append(self.pool.submit(self._run, self.pending))
-            self.pending = []
-
-    def _flush(self) -> None:
-        """Start the pending rows' fill: on the fill thread when chunks already run there (one batch
-        matcher user at a time), else right here."""
-        if not self.pending:
-            return
-        if self.futures:
-            self.futures.append(self.pool.submit(self._run, self.pending))
-        else:
-            done: Future = Future()
-            done.set_result(self._run(self.pending))
-            self.futures.append(done)
-        self.pending = []
-
-    def wait(self) -> None:
-        """Fill every row added so far and block until done (a close row of a request filled in the same
-        Step closes it after its fill, whatever the chunking)."""
-        self._flush()
-        for f in self.futures:
-            f.result()
-
-    def finish(self) -> list:
-        """Fill the remaining rows, wait for all; ``[lanes]`` per-lane errors (None = ok). Lanes that were
-        not filled get ``UNCONSTRAINED`` status (as :func:`fill_rows` over all rows does)."""
-        self._flush()
-        errors: list = [None] * len(self.fill)
-        for f in self.futures:
-            for lane, err in enumerate(f.result()):
-                if err is not None:
-                    errors[lane] = err
-        idle = [lane for lane, s in enumerate(self.fill) if s is None]
-        if idle:
-            self.status[idle] = UNCONSTRAINED
-        return errors
-
-
-@dataclass
-class _Live:
-    session: OutputSession
-    kind: str
-    mask_positions: int = 0
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, kind: str, message: str, location: str = "") -> None:
@@ -181,22 +125,57 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
     bounded inside :class:`ConstraintCompiler`); ``Step`` is served by one
     stream; a session is advanced only by that stream and by ``Close`` after
     the engine stopped stepping it.
+
+    Sessions live in Step shards (:mod:`constraint_service.shard`): shard 0 in this process, shards
+    1..N-1 in worker processes (``options.step_shards``). Every constraint is compiled here first
+    (validation, errors, the killable proof); a request whose session goes to a worker is compiled again
+    there (that worker's cache). A new session goes to the shard with the fewest sessions, preferring a
+    shard that already compiled its grammar while it has at most a few more sessions than the least loaded.
+
+    Args:
+        options: the sidecar's knobs.
+        on_health: called with False when a shard worker is lost (the sidecar then answers ``UNAVAILABLE``
+            until its engine restarts it, or registers again: ``python -m constraint_service`` reports
+            ``NOT_SERVING`` on the health service, which the engine's heartbeat acts on), and with True when
+            a later ``RegisterVocabulary`` started fresh shards.
     """
 
-    def __init__(self, options: SidecarOptions | None = None) -> None:
+    def __init__(self, options: SidecarOptions | None = None, on_health: Callable[[bool], None] | None = None) -> None:
         self.options = options or SidecarOptions()
+        self._on_health = on_health
+        self.broken = ""
         self._lock = threading.Lock()
         self._compiler: ConstraintCompiler | None = None
         self._vocab_id = ""
         self._ring: MaskRing | None = None
         self._ring_name = ""
-        self._sessions: dict[str, _Live] = {}
-        # one background fill thread: fills of one Step run in order (one xgrammar batch matcher)
-        self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="ninfer-fill")
+        self._local = StepShard(self.options.fill_chunk_rows)
+        self._remote: list[RemoteShard] = []
+        self._owner: dict[str, int] = {}  # request id -> shard index (0 = here)
+        self._load: list[int] = [0]  # sessions per shard
+        self._compiled_on: list[set] = [set()]  # cache keys each shard has compiled (affinity)
         # NINFER_STEP_TRACE=PATH (diagnostics): one line "step_seq start end" (time.perf_counter(), the same
         # CLOCK_MONOTONIC as the engine's StepStream.trace) per Step message, appended to PATH.sidecar
         trace = os.environ.get("NINFER_STEP_TRACE")
         self._trace = open(trace + ".sidecar", "a", buffering=1) if trace else None
+
+    @property
+    def num_shards(self) -> int:
+        """Step shards in use (this process + live shard workers)."""
+        return 1 + len(self._remote)
+
+    @property
+    def shard_pids(self) -> list[int]:
+        """Process ids of the shard workers."""
+        return [r.pid for r in self._remote]
+
+    def _break(self, why: str) -> None:
+        if self.broken:
+            return
+        self.broken = why
+        log.error("constraint sidecar broken: %s", why)
+        if self._on_health is not None:
+            self._on_health(False)
 
     # ------------------------------------------------------------------ setup
     def RegisterVocabulary(self, request: pb.RegisterVocabularyRequest, context: grpc.ServicerContext):
@@ -209,25 +188,59 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             special_ids=frozenset(int(i) for i in request.special_ids),
             eos_ids=tuple(int(i) for i in request.eos_ids),
         )
+        shards = max(1, self.options.step_shards or _auto_step_shards())
+        fill_threads = self.options.fill_threads or _auto_fill_threads(shards)
+        # more threads than CPUs never helps: an oversized --compile-threads is capped, not obeyed
+        compile_threads = min(self.options.compile_threads or _auto_compile_threads(), _cpus())
         compiler = ConstraintCompiler(
             vocab,
             cache_bytes=self.options.cache_bytes,
             max_cold_compiles=self.options.max_cold_compiles,
             compile_timeout_s=self.options.compile_timeout_s,
-            fill_threads=self.options.fill_threads or _auto_fill_threads(),
+            fill_threads=fill_threads,
             isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
-            # more threads than CPUs never helps: an oversized --compile-threads is capped, not obeyed
-            compile_threads=min(self.options.compile_threads or _auto_compile_threads(), _cpus()),
+            compile_threads=compile_threads,
         )
+        worker_opts = dict(cache_bytes=self.options.cache_bytes, max_cold_compiles=self.options.max_cold_compiles,
+                           compile_timeout_s=3 * self.options.compile_timeout_s, fill_threads=fill_threads,
+                           compile_threads=compile_threads, fill_chunk_rows=self.options.fill_chunk_rows,
+                           log_level=logging.getLevelName(log.getEffectiveLevel()))
+        remote = [RemoteShard(k, vocab, worker_opts, on_broken=self._break) for k in range(1, shards)]
         with self._lock:
             old, self._compiler = self._compiler, compiler
+            old_remote, self._remote = self._remote, []
             self._vocab_id = getattr(compiler, "vocab_id", "") or ""
-            self._sessions.clear()
+            self._local.clear()
+            self._owner.clear()
+            self._load, self._compiled_on = [0], [set()]
         if old is not None:
             old.close()
+        for r in old_remote:
+            r.kill()
         # the first cold compile should not spend its deadline on a worker's start (~2-10 s: torch import)
         if not compiler.wait_workers(30.0):
             log.warning("no compile worker ready after 30 s; cold compiles wait for one within their deadline")
+        ready = wait_all(remote, 60.0)
+        for r in remote:
+            if r not in ready:
+                log.warning("%s; serving with fewer Step shards", r.broken)
+                r.kill()
+        ring_name = self._ring_name
+        for r in list(ready):
+            if ring_name:
+                try:
+                    r.call("attach", (ring_name,), 30.0)
+                except (ShardBroken, ConstraintError) as e:
+                    log.warning("shard worker %d cannot attach the ring: %s", r.index, e)
+                    r.kill()
+                    ready.remove(r)
+        with self._lock:
+            self._remote = ready
+            self._load = [0] * (1 + len(ready))
+            self._compiled_on = [set() for _ in range(1 + len(ready))]
+            was_broken, self.broken = self.broken, ""
+        if was_broken and self._on_health is not None:
+            self._on_health(True)
         return pb.RegisterVocabularyResponse(vocab_id=self._vocab_id)
 
     def AttachRing(self, request: pb.AttachRingRequest, context: grpc.ServicerContext):
@@ -242,6 +255,13 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             ring.close()
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "RingError",
                    f"ring geometry mismatch: expected (slots, lanes, positions, words)={want}, found {got}")
+        for r in self._remote:
+            try:
+                r.call("attach", (request.name,), 30.0)
+            except (ShardBroken, ConstraintError) as e:
+                ring.close()
+                self._break(str(e))
+                _abort(context, grpc.StatusCode.UNAVAILABLE, "RingError", f"a Step shard cannot attach the ring: {e}")
         with self._lock:
             if self._ring is not None:
                 self._ring.close()
@@ -254,12 +274,23 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         return self._ring_name
 
     # --------------------------------------------------------------- sessions
+    def _pick_shard(self, key: tuple) -> int:
+        """The shard for a new session of grammar ``key`` (called with ``self._lock`` held)."""
+        load = self._load
+        low = min(load)
+        slack = max(1, sum(load) // (4 * len(load)))  # a few sessions of imbalance buy a cache hit
+        warm = [k for k in range(len(load)) if key in self._compiled_on[k] and load[k] <= low + slack]
+        return min(warm or range(len(load)), key=lambda k: (load[k], k))
+
     def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext):
         t0 = time.perf_counter()
         compiler = self._compiler
         if compiler is None:
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "NoVocabulary", "RegisterVocabulary must come first")
+        if self.broken:
+            _abort(context, grpc.StatusCode.UNAVAILABLE, "ConstraintServiceUnavailable", self.broken)
         c = request.constraint
+        rid = request.request_id
         try:
             spec = ConstraintSpec(kind=c.kind or None, source=c.source, choices=tuple(c.choices), wrapper=c.wrapper)
         except ValueError as e:
@@ -268,7 +299,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             span.set_attribute("ninfer.constraint.kind", c.kind)
             try:
                 compiled, info = compiler.compile(spec)
-                session = OutputSession(compiled, prefix=bytes(request.prefix))
             except ConstraintError as e:
                 span.set_attribute("ninfer.constraint.error", str(e.kind))
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e.kind), e.message, e.location)
@@ -277,42 +307,85 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 span.set_attribute("ninfer.constraint.error", kind)
                 msg = ("nesting too deep" if isinstance(e, RecursionError) else "source too large to process")
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, kind, f"{msg} ({c.kind} constraint)")
-            span.set_attribute("ninfer.constraint.cache", str(info.cache))
-        with self._lock:
-            if request.request_id in self._sessions:
+            with self._lock:
+                if rid in self._owner:
+                    _abort(context, grpc.StatusCode.ALREADY_EXISTS, "DuplicateRequest",
+                           f"request_id {rid!r} already has a session")
+                k = self._pick_shard(compiled.key)
+                self._owner[rid] = k  # reserved: a second Prepare of this id is refused meanwhile
+                self._load[k] += 1
+            cache = info.cache
+            try:
+                if k == 0:
+                    complete = self._local.open(rid, compiled, bytes(request.prefix), c.kind).is_complete
+                else:
+                    shard = self._remote[k - 1]
+                    got, complete = shard.call("prepare", (rid, spec, bytes(request.prefix)),
+                                               3 * self.options.compile_timeout_s + 30.0)
+                    if got == str(CacheStatus.BUILT):
+                        cache = CacheStatus.BUILT
+                with self._lock:
+                    self._compiled_on[k].add(compiled.key)
+            except (ConstraintError, DuplicateSession, KeyError, ShardBroken) as e:
+                with self._lock:
+                    if self._owner.get(rid) == k:
+                        del self._owner[rid]
+                        self._load[k] -= 1
+                if isinstance(e, ConstraintError):
+                    span.set_attribute("ninfer.constraint.error", str(e.kind))
+                    _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e.kind), e.message, e.location)
+                if isinstance(e, ShardBroken):
+                    self._break(str(e))
+                    _abort(context, grpc.StatusCode.UNAVAILABLE, "ConstraintServiceUnavailable", str(e))
                 _abort(context, grpc.StatusCode.ALREADY_EXISTS, "DuplicateRequest",
-                       f"request_id {request.request_id!r} already has a session")
-            self._sessions[request.request_id] = _Live(session, c.kind)
-        return pb.PrepareResponse(cache=_CACHE.get(info.cache, pb.CACHE_STATUS_UNSPECIFIED),
-                                  prepare_seconds=time.perf_counter() - t0, complete=session.is_complete)
+                       f"request_id {rid!r} already has a session")
+            span.set_attribute("ninfer.constraint.cache", str(cache))
+            span.set_attribute("ninfer.constraint.shard", k)
+        return pb.PrepareResponse(cache=_CACHE.get(cache, pb.CACHE_STATUS_UNSPECIFIED),
+                                  prepare_seconds=time.perf_counter() - t0, complete=complete)
+
+    def _release(self, rid: str) -> int | None:
+        """Forget ``rid``'s owner; its shard index (None if unknown)."""
+        with self._lock:
+            k = self._owner.pop(rid, None)
+            if k is not None:
+                self._load[k] -= 1
+        return k
+
+    def _close_on_shard(self, k: int, rid: str, final_tokens: list[int]) -> tuple[bool, bool, int, str] | None:
+        if k == 0:
+            return self._local.close(rid, final_tokens)
+        return self._remote[k - 1].call("close", (rid, final_tokens), self.options.step_timeout_s)
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext):
-        with self._lock:
-            live = self._sessions.pop(request.request_id, None)
-        if live is None:
-            _abort(context, grpc.StatusCode.NOT_FOUND, "UnknownRequest", f"no session for {request.request_id!r}")
-        err = ""
-        if request.final_tokens:
+        rid = request.request_id
+        k = self._release(rid)
+        r = None
+        if k is not None:
             try:
-                live.session.preview(list(request.final_tokens))
-                live.session.commit()
-            except IntegrityError as e:
-                live.session.discard()
-                err = str(e)
-        return pb.CloseResponse(complete=live.session.is_complete, terminated=live.session.is_terminated,
-                                mask_positions=live.mask_positions, error=err)
+                r = self._close_on_shard(k, rid, list(request.final_tokens))
+            except ShardBroken as e:
+                self._break(str(e))
+                _abort(context, grpc.StatusCode.UNAVAILABLE, "ConstraintServiceUnavailable", str(e))
+        if r is None:
+            _abort(context, grpc.StatusCode.NOT_FOUND, "UnknownRequest", f"no session for {rid!r}")
+        complete, terminated, positions, err = r
+        return pb.CloseResponse(complete=complete, terminated=terminated, mask_positions=positions, error=err)
 
     # ------------------------------------------------------------------- step
     def Step(self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext):
         for req in request_iterator:
+            if self.broken:
+                _abort(context, grpc.StatusCode.UNAVAILABLE, "ConstraintServiceUnavailable", self.broken)
             yield self._step(req)
 
     def _step(self, req: pb.StepRequest) -> pb.StepResponse:
-        """One Step message: commit every row's tokens, then fill all masks of the slot in one batch.
+        """One Step message: every shard commits its rows' tokens, then fills their masks in one batch.
 
         Hot path (DESIGN.md "The hot path"): per row only the commit (preview + commit) runs in
-        Python; the lookahead masks of all rows go through :func:`fill_rows`, i.e. one xgrammar
-        batch fill (its thread pool) per lookahead position, written straight into the ring slot.
+        Python; the lookahead masks of a shard's rows go through :func:`~constraint_service.session.fill_rows`,
+        i.e. one xgrammar batch fill (its thread pool) per lookahead position, written straight into the
+        ring slot. The shard workers' rows are sent first, so they run while this process does shard 0's.
         """
         t0 = time.perf_counter()
         ring = self._ring
@@ -324,60 +397,57 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         bitmask, status = ring.bitmask(req.slot), ring.status(req.slot)
         num_lanes = bitmask.shape[0]
         ring.begin_write(req.slot, req.step_seq)
-        sessions = self._sessions
-        OK, INTEGRITY = pb.ROW_STATUS_OK, pb.ROW_STATUS_INTEGRITY_ERROR
-        # per requested row: [request_id, row, status, complete, terminated, error]
-        out: list[list] = []
-        fill: list = [None] * num_lanes  # lane -> OutputSession to fill (None: not filled this step)
-        drafts_of: list = [()] * num_lanes
-        filled: list[tuple[int, int, _Live]] = []  # (index in out, lane, live)
+        nshards = 1 + len(self._remote)
+        owner = self._owner
+        out: list = [None] * len(rows)
+        buckets: list[list] = [[] for _ in range(nshards)]  # per shard: row tuples
+        where: list[list[int]] = [[] for _ in range(nshards)]  # per shard: their indices in ``out``
+        used = [False] * num_lanes  # lanes of this Step's (non-closing) rows
         seen: set[str] = set()
-        chunks = _FillChunks(self, fill, drafts_of, bitmask, status, len(rows))
-        for r in rows:
+        closing: list[str] = []
+        for i, r in enumerate(rows):
             rid, lane = r.request_id, r.row
+            k = owner.get(rid)
             if r.close:
-                if rid in seen:  # its lookahead fill may be running: let it end first
-                    chunks.wait()
-                out.append(self._close_row(rid, lane, r.commit_tokens))
-                continue
-            live = sessions.get(rid)
-            if live is None:
-                out.append([rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}"])
-                continue
-            if lane >= num_lanes or fill[lane] is not None or rid in seen:
-                out.append([rid, lane, INTEGRITY, False, False,
-                            f"row {lane} of request {rid!r}: out of range (lanes={num_lanes}) or used twice"])
-                continue
-            seen.add(rid)
-            s = live.session
-            commit = r.commit_tokens
-            if commit:
-                try:
-                    s.preview(commit)
-                    s.commit()
-                except IntegrityError as e:
-                    s.discard()
-                    log.error("integrity error: request_id=%s row=%d tokens=%s: %s", rid, lane, list(commit), e)
-                    out.append([rid, lane, INTEGRITY, False, False, str(e)])
+                if k is None:
+                    out[i] = [rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}", 0]
                     continue
-            terminated = s.is_terminated
-            out.append([rid, lane, OK, s.is_complete, terminated, ""])
-            if terminated:
+                closing.append(rid)
+            elif k is None:
+                out[i] = [rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}"]
                 continue
-            fill[lane] = s
-            drafts_of[lane] = r.draft_tokens
-            filled.append((len(out) - 1, lane, live))
-            chunks.add(lane)
-        if filled:
-            errors = chunks.finish()
-            for j, lane, live in filled:
-                err = errors[lane]
-                o = out[j]
-                if err is not None:
-                    o[2], o[5] = INTEGRITY, str(err)
-                    continue
-                live.mask_positions += len(drafts_of[lane]) + 1
-                # a dead end is reported once: the ring's status byte (STATUS_DEAD_END) of that position
+            elif lane >= num_lanes or used[lane] or rid in seen:
+                out[i] = [rid, lane, INTEGRITY, False, False,
+                          f"row {lane} of request {rid!r}: out of range (lanes={num_lanes}) or used twice"]
+                continue
+            else:
+                used[lane] = True
+                seen.add(rid)
+            if k:  # a worker's rows cross a process boundary as plain lists
+                buckets[k].append((rid, lane, list(r.commit_tokens), list(r.draft_tokens), r.close))
+            else:
+                buckets[0].append((rid, lane, r.commit_tokens, r.draft_tokens, r.close))
+            where[k].append(i)
+        idle = [lane for lane in range(num_lanes) if not used[lane]]
+        if idle:
+            status[idle] = UNCONSTRAINED
+        sent = []
+        try:
+            for k in range(1, nshards):
+                if buckets[k]:
+                    self._remote[k - 1].send_step(req.slot, buckets[k])
+                    sent.append(k)
+            if buckets[0]:
+                for i, o in zip(where[0], self._local.step(bitmask, status, buckets[0])):
+                    out[i] = o
+            for k in sent:
+                for i, o in zip(where[k], self._remote[k - 1].recv_step(self.options.step_timeout_s)):
+                    out[i] = o
+        except ShardBroken as e:
+            self._break(str(e))
+            raise
+        for rid in closing:  # closed sessions leave their shard's count
+            self._release(rid)
         ring.end_write(req.slot, req.step_seq)
         resp = pb.StepResponse(step_seq=req.step_seq, slot=req.slot)
         add = resp.rows.add  # in place: cheaper than building RowResult messages and copying them
@@ -395,36 +465,17 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             self._trace.write(f"{req.step_seq} {t0:.7f} {t1:.7f}\n")
         return resp
 
-    def _close_row(self, rid: str, lane: int, final_tokens) -> list:
-        """A ``close`` row of a Step: commit the request's final tokens, end its session.
-
-        Returns the row's result ``[request_id, row, status, complete, terminated, error, mask_positions]``;
-        an unknown session or rejected final tokens are an integrity error (not a user error).
-        """
-        with self._lock:
-            live = self._sessions.pop(rid, None)
-        if live is None:
-            return [rid, lane, pb.ROW_STATUS_INTEGRITY_ERROR, False, False, f"no session for request {rid!r}", 0]
-        s, err = live.session, ""
-        if final_tokens:
-            try:
-                s.preview(list(final_tokens))
-                s.commit()
-            except IntegrityError as e:
-                s.discard()
-                log.error("integrity error at close: request_id=%s tokens=%s: %s", rid, list(final_tokens), e)
-                err = str(e)
-        status = pb.ROW_STATUS_INTEGRITY_ERROR if err else pb.ROW_STATUS_OK
-        return [rid, lane, status, s.is_complete, s.is_terminated, err, live.mask_positions]
-
     def close(self) -> None:
-        """Detach from the ring (does not unlink it) and stop the compile worker processes."""
+        """Detach from the ring (does not unlink it), stop the compile and shard worker processes."""
         with self._lock:
             if self._compiler is not None:
                 self._compiler.close()
+            remote, self._remote = self._remote, []
             if self._ring is not None:
                 self._ring.close()
                 self._ring = None
             if self._trace is not None:
                 self._trace.close()
                 self._trace = None
+        for r in remote:
+            r.kill()

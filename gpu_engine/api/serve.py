@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sidecar threads for the batched mask fill (0 = auto: min(8, CPUs); 1 on 2 CPUs)")
     ap.add_argument("--compile-threads", type=int, default=0,
                     help="sidecar threads per cold grammar compile (0 = auto: a quarter of the CPUs, 1 to 8)")
+    ap.add_argument("--step-shards", type=int, default=0,
+                    help="sidecar processes sharing the per-step mask work, each owning some constrained requests "
+                         "(0 = auto: 1 below 8 CPUs, else CPUs/4, at most 4)")
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="torch intra-op threads of a CPU engine (0 = auto: one core left for the constraint "
                          "sidecar and the RPC threads, i.e. max(1, cores - 1), at most torch's default)")
@@ -134,12 +137,13 @@ def build_stack(args: argparse.Namespace):
     # or reach a socket there, and the Sidecar checks the peer's credentials before trusting it.
     sidecar = Sidecar(args.sidecar_socket or None, vocab, ring_info, external=bool(args.sidecar_socket),
                       step_deadline_s=args.sidecar_deadline,
-                      # a Prepare may wait for a compile slot, then compile: two compile timeouts plus the deadline
-                      prepare_timeout_s=2 * args.compile_timeout + args.sidecar_deadline,
+                      # a Prepare may wait for a compile slot, then compile, then compile again in a Step shard
+                      # worker (a proven build, at most 3 timeouts there): five compile timeouts plus the deadline
+                      prepare_timeout_s=5 * args.compile_timeout + args.sidecar_deadline,
                       extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads),
-        "--compile-threads", str(args.compile_threads)])
+        "--compile-threads", str(args.compile_threads), "--step-shards", str(args.step_shards)])
     SidecarSupervisor(sidecar, args.sidecar_deadline, max_restarts=args.sidecar_max_restarts)  # started by the engine
     from gpu_engine.executor import make_program
 

@@ -1,5 +1,6 @@
-"""A Step's rows filled in chunks on the fill thread (overlapping the next rows' commits) write exactly
-what one fill of all rows after all commits writes: same ring bytes, same row results."""
+"""A Step's rows filled in chunks on the fill thread (overlapping the next rows' commits), or spread over
+Step shard worker processes, write exactly what one fill of all rows after all commits in one process
+writes: same ring bytes, same row results."""
 from __future__ import annotations
 
 import os
@@ -27,10 +28,10 @@ def _tok(b: bytes) -> int:
     return VOCAB.token_bytes.index(b)
 
 
-def _make(chunk_rows: int):
+def _make(chunk_rows: int, shards: int = 1):
     geo = RingGeometry(num_slots=2, num_lanes=LANES, num_positions=POSITIONS, vocab_size=VOCAB.vocab_size)
     ring = MaskRing.create(f"ninfer-test-chunks-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
-    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk_rows, isolate_compiles=False))
+    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk_rows, isolate_compiles=False, step_shards=shards))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
         eos_ids=list(VOCAB.eos_ids)), Ctx())
@@ -60,8 +61,11 @@ def _steps():
     return [first, second, third]
 
 
-def _run(chunk_rows: int):
-    sv, ring = _make(chunk_rows)
+def _run(chunk_rows: int, shards: int = 1):
+    sv, ring = _make(chunk_rows, shards)
+    assert sv.num_shards == shards
+    if shards > 1:  # the nine sessions are spread over every shard
+        assert sorted(set(sv._owner.values())) == list(range(shards)), sv._owner
     try:
         out = []
         for seq, rows in enumerate(_steps(), start=1):
@@ -87,3 +91,13 @@ def test_chunked_fill_writes_the_same_slot_as_one_fill(chunk_rows):
     assert sum(r[2] == pb.ROW_STATUS_INTEGRITY_ERROR for r in rows) == 1
     assert (status[9] == UNCONSTRAINED).all() and (status[11] == UNCONSTRAINED).all()
     assert got[0][1][:9].any(axis=(1, 2)).all()  # every constrained row got a mask
+
+
+@pytest.mark.parametrize("shards,chunk_rows", [(3, 0), (2, 2)])
+def test_step_shards_write_the_same_slot_as_one_process(shards, chunk_rows):
+    want, got = _run(0), _run(chunk_rows, shards)
+    for (rows_w, bits_w, st_w), (rows_g, bits_g, st_g) in zip(want, got):
+        assert rows_g == rows_w
+        np.testing.assert_array_equal(st_g, st_w)
+        np.testing.assert_array_equal(bits_g, bits_w)
+    assert got[0][1][:9].any(axis=(1, 2)).all()

@@ -70,7 +70,7 @@ def test_close_row_commits_final_tokens_and_ends_the_session(servicer):
     assert (a.status, a.complete, a.terminated, a.error) == (pb.ROW_STATUS_OK, True, True, "")
     assert b.status == pb.ROW_STATUS_OK and not b.complete
     assert c.status == pb.ROW_STATUS_INTEGRITY_ERROR and c.error
-    assert "a" not in sv._sessions and "c" not in sv._sessions and "b" in sv._sessions
+    assert "a" not in sv._owner and "c" not in sv._owner and "b" in sv._owner and len(sv._local) == 1
     assert b.request_id == "b" and ring.status(1)[0, 0] == 1  # b's mask was written into row 0
     again = sv._step(pb.StepRequest(step_seq=2, slot=0, rows=[pb.RowStep(request_id="a", row=0, close=True)]))
     assert again.rows[0].status == pb.ROW_STATUS_INTEGRITY_ERROR and "no session" in again.rows[0].error
@@ -109,11 +109,65 @@ def test_the_step_trace_file_has_one_line_per_step(servicer, monkeypatch, tmp_pa
     assert servicer[0]._trace is None  # made without the variable
 
 
-@pytest.mark.parametrize("cpus,fill,compile_threads", [(1, 1, 1), (2, 1, 1), (4, 4, 1), (16, 8, 4), (64, 8, 8)])
-def test_auto_thread_counts_follow_the_cpus(monkeypatch, cpus, fill, compile_threads):
+@pytest.mark.parametrize("cpus,fill,compile_threads,shards,shard_fill",
+                         [(1, 1, 1, 1, 1), (2, 1, 1, 1, 1), (4, 4, 1, 1, 4), (16, 8, 4, 4, 4), (64, 8, 8, 4, 8)])
+def test_auto_thread_counts_follow_the_cpus(monkeypatch, cpus, fill, compile_threads, shards, shard_fill):
     from constraint_service import server
     monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     assert server._auto_fill_threads() == fill and server._auto_compile_threads() == compile_threads
+    assert server._auto_step_shards() == shards and server._auto_fill_threads(shards) == shard_fill
+
+
+def _register(sv: ConstraintServicer) -> None:
+    sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+        vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes), special_ids=list(VOCAB.special_ids),
+        eos_ids=list(VOCAB.eos_ids)), Ctx())
+
+
+def test_a_lost_shard_worker_makes_the_sidecar_unavailable_until_it_registers_again():
+    """A SIGKILLed Step shard worker: health goes NOT_SERVING at once (the engine's heartbeat restarts the
+    sidecar), a Step touching that shard and every Prepare answer UNAVAILABLE; no row is answered as if its
+    masks were written. A new RegisterVocabulary (an external sidecar's reconnect) starts fresh shards."""
+    import signal
+    import time
+
+    from constraint_service.shard_pool import ShardBroken
+
+    geo = RingGeometry(num_slots=2, num_lanes=4, num_positions=1, vocab_size=VOCAB.vocab_size)
+    ring = MaskRing.create(f"ninfer-test-shard-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+    health: list[bool] = []
+    sv = ConstraintServicer(SidecarOptions(isolate_compiles=False, step_shards=2), on_health=health.append)
+    try:
+        _register(sv)
+        sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=2, num_lanes=4,
+                                           num_positions=1, num_words=geo.num_words), Ctx())
+        _prepare(sv, "a", ["yes", "no"])
+        _prepare(sv, "b", ["yes"])  # another grammar key: the least loaded shard (a cached key stays)
+        assert sorted(sv._owner.values()) == [0, 1]
+        rows = [pb.RowStep(request_id="a", row=0), pb.RowStep(request_id="b", row=1)]
+        assert all(r.status == pb.ROW_STATUS_OK for r in sv._step(pb.StepRequest(step_seq=1, slot=1, rows=rows)).rows)
+        (pid,) = sv.shard_pids
+        os.kill(pid, signal.SIGKILL)
+        end = time.monotonic() + 10
+        while not health and time.monotonic() < end:  # the control reader sees the EOF by itself
+            time.sleep(0.05)
+        assert health == [False] and "shard worker 1" in sv.broken
+        with pytest.raises(ShardBroken):
+            sv._step(pb.StepRequest(step_seq=2, slot=0, rows=rows))
+        with pytest.raises(Aborted):
+            sv.Prepare(pb.PrepareRequest(request_id="c", constraint=pb.Constraint(kind="choice", choices=["x"])),
+                       ctx := Ctx())
+        assert ctx.status.code == grpc.StatusCode.UNAVAILABLE
+        _register(sv)
+        assert health == [False, True] and not sv.broken and sv.num_shards == 2 and sv.shard_pids != [pid]
+        _prepare(sv, "a", ["yes", "no"])  # the old sessions are gone with their generation
+        _prepare(sv, "b", ["yes"])
+        resp = sv._step(pb.StepRequest(step_seq=3, slot=1, rows=rows))
+        assert [r.status for r in resp.rows] == [pb.ROW_STATUS_OK] * 2 and (ring.status(1)[:2, 0] == 1).all()
+    finally:
+        sv.close()
+        ring.close()
+        ring.unlink()
 
 
 def test_compile_threads_are_capped_at_the_cpus(monkeypatch):
