@@ -1,10 +1,12 @@
 """The sidecar's Step handling with and without overlapped chunk fills (issue 12 "No stall on expensive rows").
 
-usage: python bench/step_fill_bench.py [--rows 64] [--steps 300] [--chunks 0 16] [--fill-threads 0] [--out FILE.json]
+usage: python bench/step_fill_bench.py [--rows 64] [--steps 300] [--chunks 0 16] [--fill-threads 0] [--shards 1]
+                                     [--out FILE.json]
 
 In one process (no gRPC, no subprocess: the number measured is the servicer's own ``_step`` time, the
 part the change touches), one :class:`constraint_service.server.ConstraintServicer` per
-(``fill_chunk_rows``, ``fill_threads``) pair, each with its own mask ring of ``--rows`` lanes (K = 0), the SmolLM2
+(``fill_chunk_rows``, ``fill_threads``, ``step_shards``) triple (shards > 1: the servicer's own shard
+worker processes, the only subprocesses), each with its own mask ring of ``--rows`` lanes (K = 0), the SmolLM2
 vocabulary, and the same ``--rows`` requests: JSON Schema (``bench/schemas_sample.json``, cycled) and
 regex rows. Every step each row commits one token drawn (fixed seed) from the mask the first servicer
 wrote for it last step, EOS excluded while another token is legal; a row that ends (EOS or 160 tokens)
@@ -39,7 +41,7 @@ class Ctx:
         raise RuntimeError(status)
 
 
-def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0):
+def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int = 1):
     from constraint_service.server import ConstraintServicer, SidecarOptions
     from ninfer.constraint.v1 import constraint_pb2 as pb
     from shared_memory.layout import RingGeometry
@@ -47,7 +49,8 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0):
 
     geo = RingGeometry(num_slots=2, num_lanes=rows, num_positions=1, vocab_size=vocab.vocab_size)
     ring = MaskRing.create(f"ninfer-stepfill-{os.getpid()}-{uuid.uuid4().hex[:6]}", geo)
-    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0, fill_threads=fill_threads))
+    sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0, fill_threads=fill_threads,
+                                           step_shards=shards))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
         eos_ids=list(vocab.eos_ids)), Ctx())
@@ -65,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, nargs="+", default=[0, 16])
     ap.add_argument("--fill-threads", type=int, nargs="+", default=[0],
                     help="xgrammar batch-fill threads (0 = the sidecar's auto); one servicer per (chunks, threads)")
+    ap.add_argument("--shards", type=int, nargs="+", default=[1],
+                    help="sidecar Step shards (processes); one servicer per (chunks, threads, shards)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--switch-interval", type=float, default=0.0,
@@ -79,9 +84,9 @@ def main(argv=None) -> int:
     vocab = load_vocabulary_from_gguf(args.model)
     eos = set(vocab.eos_ids)
     schemas = [json.dumps(s) for s in json.loads((ROOT / "bench" / "schemas_sample.json").read_text())["schemas"]]
-    configs = [(c, n) for c in args.chunks for n in args.fill_threads]
-    labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'}" for c, n in configs]
-    svs = [_servicer(vocab, args.rows, c, n) for c, n in configs]
+    configs = [(c, n, k) for c in args.chunks for n in args.fill_threads for k in args.shards]
+    labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'} step_shards={k}" for c, n, k in configs]
+    svs = [_servicer(vocab, args.rows, c, n, k) for c, n, k in configs]
     rng = np.random.default_rng(args.seed)
     n = [0]
 

@@ -184,10 +184,8 @@ class BuildRunner:
             self._settle(build)
 
     def _build_grammar(self, backend: Backend, kind: ConstraintKind | None, canon: Any, key: tuple) -> CompiledConstraint:
-        """Convert and compile; runs on a worker thread (on ``compile_threads`` threads: 1 unless the
-        compiler's sources are proven elsewhere, ``ConstraintCompiler(proven=True)``)."""
-        return self.compile_grammar(backend, kind, self.grammar_of(backend, kind, canon), key,
-                                    threads=self.compile_threads)
+        """Convert and compile; runs on a worker thread."""
+        return self.compile_grammar(backend, kind, self.grammar_of(backend, kind, canon), key)
 
     @staticmethod
     def grammar_of(backend: Backend, kind: ConstraintKind | None, canon: Any) -> Any:

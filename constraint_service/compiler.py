@@ -107,12 +107,9 @@ class ConstraintCompiler(BuildRunner):
         isolate: run each cold compile first in a killable worker process (a warm pool of
             ``max_cold_compiles`` processes, started now in the background; xgrammar backend only),
             killed and replaced on ``CompileTimeout``; call :meth:`close` when done.
-        compile_threads: xgrammar threads per cold compile, with ``isolate`` or ``proven`` only (the
-            worker's proof and the in-process compile after it); otherwise a build stays on its one
-            thread, which is re-niced if the build is abandoned at its deadline.
-        proven: every source reaching this compiler was already compiled within its deadline by another
-            compiler with ``isolate`` (a sidecar's Step shard worker: ``shard_worker``), so builds run
-            on threads with ``compile_threads`` threads and no worker process.
+        compile_threads: xgrammar threads per cold compile, with ``isolate`` only (the worker's proof
+            and the in-process compile after it); without ``isolate`` a build stays on its one thread,
+            which is re-niced if the build is abandoned at its deadline.
     """
 
     def __init__(self, vocab: Vocabulary, *, cache_bytes: int = 256 << 20,
@@ -120,7 +117,7 @@ class ConstraintCompiler(BuildRunner):
                  max_abandoned_compiles: Optional[int] = None, fill_threads: int = 2,
                  max_failures_remembered: int = 256,
                  backend_factory: Callable[..., Backend] = XGrammarBackend, isolate: bool = False,
-                 compile_threads: int = 1, proven: bool = False) -> None:
+                 compile_threads: int = 1) -> None:
         if max_cold_compiles < 1:
             raise ValueError("max_cold_compiles must be >= 1")
         self.vocab = Vocabulary.from_any(vocab)
@@ -147,7 +144,7 @@ class ConstraintCompiler(BuildRunner):
         self._evict_pending = False
         # threads only where a build is proven in a killable process first (an abandoned in-thread build
         # must stay on its one re-niced thread)
-        self.compile_threads = max(1, int(compile_threads)) if isolate or proven else 1
+        self.compile_threads = max(1, int(compile_threads)) if isolate else 1
         self._pool: Optional[CompilePool] = (CompilePool(self.vocab, self.max_cold_compiles, self.compile_threads)
                                              if isolate else None)
 

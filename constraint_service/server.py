@@ -127,9 +127,9 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
     the engine stopped stepping it.
 
     Sessions live in Step shards (:mod:`constraint_service.shard`): shard 0 in this process, shards
-    1..N-1 in worker processes (``options.step_shards``). Every constraint is compiled here first
-    (validation, errors, the killable proof); a request whose session goes to a worker is compiled again
-    there (that worker's cache). A new session goes to the shard with the fewest sessions, preferring a
+    1..N-1 in worker processes (``options.step_shards``). Every constraint is validated, converted and
+    compiled here (errors, the killable proof, the cache); a request whose session goes to a worker sends
+    it the compiled grammar's text, which the worker compiles once per key (its own cache). A new session goes to the shard with the fewest sessions, preferring a
     shard that already compiled its grammar while it has at most a few more sessions than the least loaded.
 
     Args:
@@ -154,6 +154,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         self._owner: dict[str, int] = {}  # request id -> shard index (0 = here)
         self._load: list[int] = [0]  # sessions per shard
         self._compiled_on: list[set] = [set()]  # cache keys each shard has compiled (affinity)
+        self._texts: dict[tuple, str] = {}  # cache key -> grammar text sent to shard workers
         # NINFER_STEP_TRACE=PATH (diagnostics): one line "step_seq start end" (time.perf_counter(), the same
         # CLOCK_MONOTONIC as the engine's StepStream.trace) per Step message, appended to PATH.sidecar
         trace = os.environ.get("NINFER_STEP_TRACE")
@@ -319,10 +320,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 if k == 0:
                     complete = self._local.open(rid, compiled, bytes(request.prefix), c.kind).is_complete
                 else:
-                    shard = self._remote[k - 1]
-                    got, complete = shard.call("prepare", (rid, spec, bytes(request.prefix)),
-                                               3 * self.options.compile_timeout_s + 30.0)
-                    if got == str(CacheStatus.BUILT):
+                    built, complete = self._remote[k - 1].call(
+                        "prepare", (rid, compiled.key, c.kind or None, self._grammar_text(compiled),
+                                    bytes(request.prefix)), 3 * self.options.compile_timeout_s + 30.0)
+                    if built:
                         cache = CacheStatus.BUILT
                 with self._lock:
                     self._compiled_on[k].add(compiled.key)
@@ -343,6 +344,17 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             span.set_attribute("ninfer.constraint.shard", k)
         return pb.PrepareResponse(cache=_CACHE.get(cache, pb.CACHE_STATUS_UNSPECIFIED),
                                   prepare_seconds=time.perf_counter() - t0, complete=complete)
+
+    def _grammar_text(self, compiled) -> str:
+        """The grammar a shard worker compiles for ``compiled`` (xgrammar's JSON, kept per key)."""
+        key = compiled.key
+        text = self._texts.get(key)
+        if text is None:
+            text = compiled.backend.grammar_to_text(compiled.grammar)
+            if len(self._texts) >= 1024:
+                self._texts.clear()
+            self._texts[key] = text
+        return text
 
     def _release(self, rid: str) -> int | None:
         """Forget ``rid``'s owner; its shard index (None if unknown)."""

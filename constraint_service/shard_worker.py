@@ -3,22 +3,24 @@
 See :mod:`constraint_service.shard` for why and :mod:`constraint_service.shard_pool` for the sidecar's
 side. Two inherited sockets (``multiprocessing.connection`` framing):
 
-* control: the sidecar sends the pickled ``(Vocabulary, options)`` once; the worker builds its compiler
-  and vocabulary index and answers ``("ready",)``. Then ``(tag, op, args)`` calls, served on a small
-  thread pool and answered ``(tag, "ok", value)``, ``(tag, "error", kind, message, location)`` (a
-  ``ConstraintError``), ``(tag, "duplicate")`` or ``(tag, "fault", text)``:
+* control: the sidecar sends the pickled ``(Vocabulary, options)`` once; the worker builds its vocabulary
+  index and answers ``("ready",)``. Then ``(tag, op, args)`` calls, served on a small thread pool and
+  answered ``(tag, "ok", value)``, ``(tag, "error", kind, message, location)`` (a ``ConstraintError``),
+  ``(tag, "duplicate")`` or ``(tag, "fault", text)``:
 
   - ``("attach", (ring_name,))``: map the engine's mask ring;
-  - ``("prepare", (request_id, ConstraintSpec, prefix))``: compile (this shard's cache) and open the
-    session; value ``(cache status, complete)``;
+  - ``("prepare", (request_id, key, kind, grammar_text, prefix))``: the compiled grammar of ``key`` (this
+    shard's cache, or compiled from ``grammar_text``) and the request's session; value
+    ``(built, complete)``;
   - ``("close", (request_id, final_tokens))``: :meth:`StepShard.close`'s value.
 
 * step: ``(slot, rows)`` per Step message, answered on the worker's main thread with
   :meth:`StepShard.step`'s list, or ``("fault", text)``.
 
-The sidecar proves every compile in its own killable compile worker before it sends ``prepare`` here, so
-this process compiles in-process with the compile threads (a build shown to end in time). It exits on EOF
-on either socket and when its parent dies.
+The sidecar validates, converts and compiles every constraint itself (its cache, its killable compile
+workers, its errors) and sends a shard only the *grammar* it compiled (xgrammar's JSON, no token masks). A
+shard compiles that in C++ with the GIL released: no schema conversion (Python, GIL held) ever runs
+beside a shard's Step thread. It exits on EOF on either socket and when its parent dies.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import pickle
 import signal
 import sys
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
@@ -36,7 +39,53 @@ from .compile_worker import _die_with_parent
 log = logging.getLogger("ninfer.sidecar.shard")
 
 
-def _serve_control(conn: Connection, compiler, shard, state: dict) -> None:
+class _GrammarCache:
+    """Compiled grammars of one shard by cache key: compiled once per key (a second Prepare of a key being
+    compiled waits for it), least recently used ones that no session holds dropped past ``cache_bytes``."""
+
+    def __init__(self, backend, cache_bytes: int, threads: int) -> None:
+        self.backend, self.cache_bytes, self.threads = backend, int(cache_bytes), max(1, int(threads))
+        self._lock = threading.Lock()
+        self._entries: "OrderedDict[tuple, object]" = OrderedDict()
+        self._building: dict[tuple, threading.Lock] = {}
+        self._bytes = 0
+
+    def get(self, key: tuple, kind, text: str) -> tuple[object, bool]:
+        """``(CompiledConstraint, built now)``.
+
+        Raises:
+            ConstraintError: xgrammar rejected the grammar (it compiled in the sidecar: not expected).
+        """
+        from .compile_build import BuildRunner
+
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                return hit, False
+            gate = self._building.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                hit = self._entries.get(key)
+                if hit is not None:
+                    return hit, False
+            grammar = self.backend.grammar_from_text(text)
+            compiled = BuildRunner.compile_grammar(self.backend, kind, grammar, key, threads=self.threads)
+            with self._lock:
+                self._entries[key] = compiled
+                self._bytes += compiled.memory_size_bytes
+                self._building.pop(key, None)
+                for k in list(self._entries):
+                    if self._bytes <= self.cache_bytes:
+                        break
+                    e = self._entries[k]
+                    if e.num_holders == 0 and k != key:
+                        del self._entries[k]
+                        self._bytes -= e.memory_size_bytes
+        return compiled, True
+
+
+def _serve_control(conn: Connection, grammars: _GrammarCache, shard, state: dict) -> None:
     from shared_memory.ring import MaskRing
 
     from .errors import ConstraintError
@@ -59,10 +108,10 @@ def _serve_control(conn: Connection, compiler, shard, state: dict) -> None:
                     old.close()
                 reply((tag, "ok", None))
             elif op == "prepare":
-                rid, spec, prefix = args
-                compiled, info = compiler.compile(spec)
-                session = shard.open(rid, compiled, prefix, spec.kind or "")
-                reply((tag, "ok", (str(info.cache), session.is_complete)))
+                rid, key, kind, text, prefix = args
+                compiled, built = grammars.get(key, kind, text)
+                session = shard.open(rid, compiled, prefix, kind or "")
+                reply((tag, "ok", (built, session.is_complete)))
             elif op == "close":
                 reply((tag, "ok", shard.close(args[0], args[1])))
             else:
@@ -95,17 +144,15 @@ def main(step_fd: int, control_fd: int) -> int:
     except (EOFError, OSError):
         return 0
     logging.basicConfig(level=opts.get("log_level", "WARNING"), format="%(asctime)s shard %(levelname)s %(message)s")
-    from .compiler import ConstraintCompiler
+    from .backend import XGrammarBackend
     from .shard import StepShard
 
-    compiler = ConstraintCompiler(vocab, cache_bytes=opts["cache_bytes"], max_cold_compiles=opts["max_cold_compiles"],
-                                  compile_timeout_s=opts["compile_timeout_s"], fill_threads=opts["fill_threads"],
-                                  compile_threads=opts["compile_threads"], proven=True)
-    compiler.backend  # the vocabulary index, built once before "ready"
+    backend = XGrammarBackend(vocab, fill_threads=opts["fill_threads"])  # the vocabulary index, before "ready"
+    grammars = _GrammarCache(backend, opts["cache_bytes"], opts["compile_threads"])
     shard = StepShard(opts.get("fill_chunk_rows", 0))
     state: dict = {}
     control.send(("ready",))
-    threading.Thread(target=_serve_control, args=(control, compiler, shard, state), name="ninfer-shard-control",
+    threading.Thread(target=_serve_control, args=(control, grammars, shard, state), name="ninfer-shard-control",
                      daemon=True).start()
     while True:
         try:

@@ -112,6 +112,10 @@ class Backend(Protocol):
         """The grammar :meth:`grammar_to_text` wrote."""
         ...
 
+    def compiled_grammar(self, compiled: Any) -> Grammar:
+        """The grammar a library-compiled grammar (``CompiledConstraint``'s) was compiled from."""
+        ...
+
     def compile(self, grammar: Grammar, *, kind: ConstraintKind | str, key: tuple,
                 error_kind: str = "InvalidGrammar", threads: int = 1) -> "CompiledConstraint":
         """Compile ``grammar`` against the vocabulary (blocking; may take seconds).
@@ -190,3 +194,9 @@ class CompiledConstraint:
     def new_matcher(self) -> Matcher:
         """A fresh matcher at the start of the language."""
         return self.backend.new_matcher(self._compiled)
+
+    @property
+    def grammar(self) -> Grammar:
+        """The backend grammar it was compiled from (what :meth:`Backend.grammar_to_text` moves between
+        processes; the sidecar's Step shard workers compile it again)."""
+        return self.backend.compiled_grammar(self._compiled)

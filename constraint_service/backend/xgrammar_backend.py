@@ -215,6 +215,11 @@ class XGrammarBackend:
         return xgr.Grammar.deserialize_json(text)
 
     @staticmethod
+    def compiled_grammar(compiled: "xgr.CompiledGrammar") -> "xgr.Grammar":
+        """The grammar ``compiled`` was compiled from (surrogates already removed)."""
+        return compiled.grammar
+
+    @staticmethod
     def concat(grammars: Sequence["xgr.Grammar"]) -> "xgr.Grammar":
         """The concatenation of the grammars' languages (xgrammar renames clashing rules)."""
         return xgr.Grammar.concat(*grammars)

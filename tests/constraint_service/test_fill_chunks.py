@@ -101,3 +101,44 @@ def test_step_shards_write_the_same_slot_as_one_process(shards, chunk_rows):
         np.testing.assert_array_equal(st_g, st_w)
         np.testing.assert_array_equal(bits_g, bits_w)
     assert got[0][1][:9].any(axis=(1, 2)).all()
+
+
+def test_a_shard_worker_masks_json_schema_rows_like_the_sidecar():
+    """A shard worker compiles the grammar the sidecar converted (its text), not the schema: every mask of
+    a JSON Schema row stepped through a valid instance byte by byte is the same in both processes."""
+    schema = '{"type":"object","properties":{"a":{"type":"integer","minimum":3},"b":{"enum":["x","yz"]}},' \
+             '"required":["a"],"additionalProperties":false}'
+    text = b'{"a":42,"b":"yz"}'
+    masks = []
+    for shards in (1, 2):
+        geo = RingGeometry(num_slots=2, num_lanes=2, num_positions=1, vocab_size=VOCAB.vocab_size)
+        ring = MaskRing.create(f"ninfer-test-json-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+        sv = ConstraintServicer(SidecarOptions(isolate_compiles=False, step_shards=shards))
+        try:
+            sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
+                vocab_size=VOCAB.vocab_size, token_bytes=list(VOCAB.token_bytes),
+                special_ids=list(VOCAB.special_ids), eos_ids=list(VOCAB.eos_ids)), Ctx())
+            sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=2, num_lanes=2,
+                                               num_positions=1, num_words=geo.num_words), Ctx())
+            for rid, src in (("j0", schema), ("j1", schema.replace('"minimum":3', '"minimum":4'))):
+                # another key: j1 lands on the worker when there is one (a cached key would stay on shard 0)
+                sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=pb.Constraint(kind="json_schema",
+                                                                                    source=src)), Ctx())
+            assert sorted(sv._owner.values()) == ([0, 0] if shards == 1 else [0, 1])
+            got = []
+            for i in range(len(text) + 1):
+                commit = [] if i == 0 else [_tok(text[i - 1:i])]
+                resp = sv._step(pb.StepRequest(step_seq=i + 1, slot=i % 2, rows=[
+                    pb.RowStep(request_id="j0", row=0, commit_tokens=commit),
+                    pb.RowStep(request_id="j1", row=1, commit_tokens=commit)]))
+                assert [r.status for r in resp.rows] == [pb.ROW_STATUS_OK] * 2, resp
+                got.append(ring.bitmask(i % 2).copy())
+            assert resp.rows[0].complete and resp.rows[1].complete
+            masks.append(got)
+        finally:
+            sv.close()
+            ring.close()
+            ring.unlink()
+    for one, two in zip(*masks):
+        np.testing.assert_array_equal(two[1], one[1])  # the worker's row
+        np.testing.assert_array_equal(two[0], one[0])
