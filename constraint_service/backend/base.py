@@ -112,10 +112,6 @@ class Backend(Protocol):
         """The grammar :meth:`grammar_to_text` wrote."""
         ...
 
-    def compiled_grammar(self, compiled: Any) -> Grammar:
-        """The grammar a library-compiled grammar (``CompiledConstraint``'s) was compiled from."""
-        ...
-
     def compile(self, grammar: Grammar, *, kind: ConstraintKind | str, key: tuple,
                 error_kind: str = "InvalidGrammar", threads: int = 1) -> "CompiledConstraint":
         """Compile ``grammar`` against the vocabulary (blocking; may take seconds).
@@ -151,6 +147,7 @@ class CompiledConstraint:
     Attributes:
         kind: the :class:`ConstraintKind` it was compiled from (None: tool calls / thinking without a body).
         key: the cache key (kind, canonical source, options, wrapper, vocabulary).
+        grammar: the backend grammar it was compiled from (None if not kept).
         memory_size_bytes: the backend's estimate of the compiled grammar's size, bytes.
         backend: the :class:`Backend` that compiled it.
 
@@ -159,15 +156,19 @@ class CompiledConstraint:
     """
 
     __slots__ = ("kind", "key", "backend", "_compiled", "memory_size_bytes", "_holders",
-                 "_lock", "_on_idle", "__weakref__")
+                 "_lock", "_on_idle", "grammar", "__weakref__")
 
     def __init__(self, kind: ConstraintKind | str | None, key: tuple, backend: Backend, compiled: Any,
-                 memory_size_bytes: int) -> None:
+                 memory_size_bytes: int, grammar: Grammar = None) -> None:
         self.kind = None if kind is None else ConstraintKind.parse(kind)  # None: a wrapper without a body
         self.key = key
         self.backend = backend
         self._compiled = compiled
         self.memory_size_bytes = int(memory_size_bytes)
+        # the backend grammar it was compiled from (small: no token masks); the sidecar's Step shard
+        # workers compile it again (Backend.grammar_to_text), never the library's compiled form, whose
+        # serialisation is up to 1,000x larger and slower to compile (measured: 147 MB vs 188 KB)
+        self.grammar = grammar
         self._holders = 0
         self._lock = threading.Lock()
         self._on_idle: Optional[Callable[["CompiledConstraint"], None]] = None
@@ -194,9 +195,3 @@ class CompiledConstraint:
     def new_matcher(self) -> Matcher:
         """A fresh matcher at the start of the language."""
         return self.backend.new_matcher(self._compiled)
-
-    @property
-    def grammar(self) -> Grammar:
-        """The backend grammar it was compiled from (what :meth:`Backend.grammar_to_text` moves between
-        processes; the sidecar's Step shard workers compile it again)."""
-        return self.backend.compiled_grammar(self._compiled)

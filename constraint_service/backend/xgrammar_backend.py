@@ -215,11 +215,6 @@ class XGrammarBackend:
         return xgr.Grammar.deserialize_json(text)
 
     @staticmethod
-    def compiled_grammar(compiled: "xgr.CompiledGrammar") -> "xgr.Grammar":
-        """The grammar ``compiled`` was compiled from (surrogates already removed)."""
-        return compiled.grammar
-
-    @staticmethod
     def concat(grammars: Sequence["xgr.Grammar"]) -> "xgr.Grammar":
         """The concatenation of the grammars' languages (xgrammar renames clashing rules)."""
         return xgr.Grammar.concat(*grammars)
@@ -244,13 +239,14 @@ class XGrammarBackend:
         Raises:
             ConstraintError: ``error_kind`` when xgrammar rejects it at compile time.
         """
+        source = grammar
         grammar = exclude_surrogates(grammar, kind=error_kind)
         compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, int(threads)), cache_enabled=False)
         try:
             compiled = compiler.compile_grammar(grammar)
         except Exception as exc:
             raise translate_xgrammar_error(exc, "", error_kind) from None
-        return CompiledConstraint(kind, key, self, compiled, compiled.memory_size_bytes)
+        return CompiledConstraint(kind, key, self, compiled, compiled.memory_size_bytes, grammar=source)
 
     def new_matcher(self, compiled: "xgr.CompiledGrammar") -> "XGrammarMatcher":
         """A fresh matcher at the start of ``compiled``'s language."""

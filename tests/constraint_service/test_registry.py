@@ -79,10 +79,6 @@ class RecordingBackend:
         self.calls.append(("grammar_from_text",))
         return self._inner.grammar_from_text(text)
 
-    def compiled_grammar(self, compiled):
-        self.calls.append(("compiled_grammar",))
-        return self._inner.compiled_grammar(compiled)
-
     def compile(self, grammar, *, kind, key, error_kind="InvalidGrammar", threads=1):
         self.calls.append(("compile", kind, str(error_kind)))
         compiled = self._inner.compile(grammar, kind=kind, key=key, error_kind=error_kind, threads=threads)
