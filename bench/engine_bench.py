@@ -786,8 +786,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
-    ap.add_argument("--step-shards", type=int, default=0,
-                    help="sidecar Step shards (0 = the sidecar's auto choice)")
+    ap.add_argument("--step-shards", type=int, default=1,
+                    help="sidecar Step shards (default 1, as ninfer serve; 0 = the sidecar's auto choice)")
     ap.add_argument("--step-trace", action="store_true",
                     help="time every Step message's legs in both processes (step_trace_ms in the results)")
     ap.add_argument("--mask-soft-wait", type=float, default=None,

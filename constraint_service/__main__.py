@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="Steps with more rows fill them in chunks of this many on a background thread, "
                          "overlapping the next rows' commits (0 = default: commit all rows, then fill)")
-    ap.add_argument("--step-shards", type=int, default=0,
+    ap.add_argument("--step-shards", type=int, default=1,
                     help="processes sharing the Step work: this one and N-1 shard workers, each with its own "
-                         "sessions and compile cache (0 = auto: 1 below 8 CPUs, else CPUs/4, at most 4)")
+                         "sessions and compile cache (default 1; 0 = auto: 1 below 8 CPUs, else CPUs/4, at most 4)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
