@@ -151,7 +151,9 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         self._ring_name = ""
         self._local = StepShard(self.options.fill_chunk_rows)
         self._remote: list[RemoteShard] = []
-        self._owner: dict[str, int] = {}  # request id -> shard index (0 = here)
+        self._owner: dict[str, int] = {}  # request id -> shard index (0 = here), once its session is open
+        self._pending: dict[str, int] = {}  # request id -> shard index while its Prepare opens the session
+        self._epoch = 0  # bumped by every RegisterVocabulary: a Prepare that straddles one is refused
         self._load: list[int] = [0]  # sessions per shard
         self._compiled_on: list[set] = [set()]  # cache keys each shard has compiled (affinity)
         self._texts: dict[tuple, str] = {}  # cache key -> grammar text sent to shard workers
@@ -213,6 +215,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             self._vocab_id = getattr(compiler, "vocab_id", "") or ""
             self._local.clear()
             self._owner.clear()
+            self._pending.clear()
+            self._epoch += 1
             self._load, self._compiled_on = [0], [set()]
         if old is not None:
             old.close()
@@ -237,8 +241,11 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                     ready.remove(r)
         with self._lock:
             self._remote = ready
+            # sessions prepared meanwhile (on shard 0: the only one until now) keep their count
             self._load = [0] * (1 + len(ready))
-            self._compiled_on = [set() for _ in range(1 + len(ready))]
+            for k in (*self._owner.values(), *self._pending.values()):
+                self._load[k] += 1
+            self._compiled_on += [set() for _ in ready]
             was_broken, self.broken = self.broken, ""
         if was_broken and self._on_health is not None:
             self._on_health(True)
@@ -309,37 +316,51 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 msg = ("nesting too deep" if isinstance(e, RecursionError) else "source too large to process")
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, kind, f"{msg} ({c.kind} constraint)")
             with self._lock:
-                if rid in self._owner:
+                if rid in self._owner or rid in self._pending:
                     _abort(context, grpc.StatusCode.ALREADY_EXISTS, "DuplicateRequest",
                            f"request_id {rid!r} already has a session")
                 k = self._pick_shard(compiled.key)
-                self._owner[rid] = k  # reserved: a second Prepare of this id is refused meanwhile
+                # reserved while the session opens: a second Prepare of this id is refused, a Close finds
+                # no session yet (it is not open), and the shard's count includes it
+                self._pending[rid] = k
                 self._load[k] += 1
+                epoch, remote = self._epoch, self._remote
             cache = info.cache
             try:
                 if k == 0:
                     complete = self._local.open(rid, compiled, bytes(request.prefix), c.kind).is_complete
                 else:
-                    built, complete = self._remote[k - 1].call(
+                    built, complete = remote[k - 1].call(
                         "prepare", (rid, compiled.key, c.kind or None, self._grammar_text(compiled),
                                     bytes(request.prefix)), 3 * self.options.compile_timeout_s + 30.0)
                     if built:
                         cache = CacheStatus.BUILT
-                with self._lock:
-                    self._compiled_on[k].add(compiled.key)
             except (ConstraintError, DuplicateSession, KeyError, ShardBroken) as e:
                 with self._lock:
-                    if self._owner.get(rid) == k:
-                        del self._owner[rid]
+                    stale = epoch != self._epoch
+                    if not stale and self._pending.get(rid) == k:
+                        del self._pending[rid]
                         self._load[k] -= 1
                 if isinstance(e, ConstraintError):
                     span.set_attribute("ninfer.constraint.error", str(e.kind))
                     _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e.kind), e.message, e.location)
                 if isinstance(e, ShardBroken):
-                    self._break(str(e))
+                    if not stale:  # a worker stopped by a new RegisterVocabulary is no loss
+                        self._break(str(e))
                     _abort(context, grpc.StatusCode.UNAVAILABLE, "ConstraintServiceUnavailable", str(e))
                 _abort(context, grpc.StatusCode.ALREADY_EXISTS, "DuplicateRequest",
                        f"request_id {rid!r} already has a session")
+            with self._lock:
+                stale = epoch != self._epoch
+                if not stale:
+                    del self._pending[rid]
+                    self._owner[rid] = k
+                    self._compiled_on[k].add(compiled.key)
+                elif k == 0 and rid not in self._owner and rid not in self._pending:
+                    self._local.close(rid, ())  # opened after the new vocabulary cleared the shard
+            if stale:
+                _abort(context, grpc.StatusCode.UNAVAILABLE, "ConstraintServiceUnavailable",
+                       "the sidecar registered a vocabulary again while this request was prepared")
             span.set_attribute("ninfer.constraint.cache", str(cache))
             span.set_attribute("ninfer.constraint.shard", k)
         return pb.PrepareResponse(cache=_CACHE.get(cache, pb.CACHE_STATUS_UNSPECIFIED),
@@ -368,7 +389,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
     def _close_on_shard(self, k: int, rid: str, final_tokens: list[int]) -> tuple[bool, bool, int, str] | None:
         if k == 0:
             return self._local.close(rid, final_tokens)
-        return self._remote[k - 1].call("close", (rid, final_tokens), self.options.step_timeout_s)
+        remote = self._remote
+        if k > len(remote):  # a shard of before a new RegisterVocabulary
+            return None
+        return remote[k - 1].call("close", (rid, final_tokens), self.options.step_timeout_s)
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext):
         rid = request.request_id
@@ -410,7 +434,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         bitmask, status = ring.bitmask(req.slot), ring.status(req.slot)
         num_lanes = bitmask.shape[0]
         ring.begin_write(req.slot, req.step_seq)
-        nshards = 1 + len(self._remote)
+        remote = self._remote
+        nshards = 1 + len(remote)
         owner = self._owner
         out: list = [None] * len(rows)
         buckets: list[list] = [[] for _ in range(nshards)]  # per shard: row tuples
@@ -421,6 +446,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         for i, r in enumerate(rows):
             rid, lane = r.request_id, r.row
             k = owner.get(rid)
+            if k is not None and k >= nshards:  # owned by a shard of before a new RegisterVocabulary
+                k = None
             if r.close:
                 if k is None:
                     out[i] = [rid, lane, INTEGRITY, False, False, f"no session for request {rid!r}", 0]
@@ -448,13 +475,13 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         try:
             for k in range(1, nshards):
                 if buckets[k]:
-                    self._remote[k - 1].send_step(req.slot, buckets[k])
+                    remote[k - 1].send_step(req.slot, buckets[k])
                     sent.append(k)
             if buckets[0]:
                 for i, o in zip(where[0], self._local.step(bitmask, status, buckets[0])):
                     out[i] = o
             for k in sent:
-                for i, o in zip(where[k], self._remote[k - 1].recv_step(self.options.step_timeout_s)):
+                for i, o in zip(where[k], remote[k - 1].recv_step(self.options.step_timeout_s)):
                     out[i] = o
         except ShardBroken as e:
             self._break(str(e))

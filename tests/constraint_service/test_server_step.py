@@ -181,3 +181,75 @@ def test_compile_threads_are_capped_at_the_cpus(monkeypatch):
         assert sv._compiler.compile_threads == 2
     finally:
         sv.close()
+
+
+def _blocked_prepare(sv, rid, choices):
+    """Start Prepare(rid) on a thread; it stops inside the shard's open until ``go`` is set. Returns
+    (thread, go, outcome dict: "status" = None on success, else the abort status)."""
+    import threading
+
+    entered, go, out = threading.Event(), threading.Event(), {}
+    real_open = sv._local.open
+
+    def slow_open(*a, **kw):
+        entered.set()
+        go.wait(30)
+        return real_open(*a, **kw)
+
+    sv._local.open = slow_open
+
+    def run():
+        ctx = Ctx()
+        try:
+            sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=pb.Constraint(kind="choice", choices=choices)),
+                       ctx)
+            out["status"] = None
+        except Aborted:
+            out["status"] = ctx.status
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert entered.wait(30)
+    return t, go, out
+
+
+def _loads_match(sv) -> bool:
+    want = [0] * len(sv._load)
+    for k in (*sv._owner.values(), *sv._pending.values()):
+        want[k] += 1
+    return sv._load == want
+
+
+def test_a_close_during_prepare_finds_no_session_and_leaves_none_orphaned(servicer):
+    """Found by a differential fuzz of the Step shards: a Close (RPC or close row) that came while the
+    request's Prepare was opening the session released the reservation, and Prepare then left a session no
+    Step could reach and no Prepare could replace."""
+    sv, ring = servicer
+    t, go, out = _blocked_prepare(sv, "p", ["yes", "no"])
+    with pytest.raises(Aborted):
+        sv.Close(pb.CloseRequest(request_id="p"), ctx := Ctx())
+    assert ctx.status.code == grpc.StatusCode.NOT_FOUND
+    row = sv._step(pb.StepRequest(step_seq=1, slot=1, rows=[pb.RowStep(request_id="p", row=0, close=True)])).rows[0]
+    assert row.status == pb.ROW_STATUS_INTEGRITY_ERROR and "no session" in row.error
+    go.set()
+    t.join(30)
+    assert out["status"] is None and sv._owner == {"p": 0} and _loads_match(sv)
+    resp = sv._step(pb.StepRequest(step_seq=2, slot=0, rows=[pb.RowStep(request_id="p", row=0)]))
+    assert resp.rows[0].status == pb.ROW_STATUS_OK and ring.status(0)[0, 0] == 1
+    assert sv.Close(pb.CloseRequest(request_id="p"), Ctx()).error == ""
+    assert not sv._owner and len(sv._local) == 0 and _loads_match(sv)
+
+
+def test_a_prepare_straddling_a_new_registration_is_refused_and_leaves_nothing(servicer):
+    """Found by the same fuzz: a Prepare running across a RegisterVocabulary left a session the new
+    registration did not count (and, on shards, indexed a shard list that was gone)."""
+    sv, ring = servicer
+    _prepare(sv, "old", ["yes"])
+    t, go, out = _blocked_prepare(sv, "p", ["yes", "no"])
+    _register(sv)
+    assert not sv._owner and not sv._pending
+    _prepare(sv, "new", ["yes"])  # prepared under the new registration while p still waits
+    go.set()
+    t.join(30)
+    assert out["status"].code == grpc.StatusCode.UNAVAILABLE and not sv.broken
+    assert sv._owner == {"new": 0} and len(sv._local) == 1 and _loads_match(sv)
