@@ -37,10 +37,46 @@ from .errors import ConstraintError
 from .types import ConstraintSpec
 from .vocab import Vocabulary
 
-__all__ = ["CompilePool", "WorkerCrashed"]
+__all__ = ["CompilePool", "WorkerCrashed", "kill_process", "spawn_module"]
 
 #: The directory holding ``constraint_service`` (the worker imports the same code as the sidecar).
 _ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def spawn_module(module: str, channels: int) -> tuple[subprocess.Popen, list[Connection]]:
+    """Start ``python -m module FD...`` (the sidecar's own code on its ``PYTHONPATH``) with ``channels``
+    socketpairs; returns the process and our ends of the sockets (``multiprocessing`` framing).
+    Used for compile workers and Step shard workers."""
+    pairs = [socket.socketpair() for _ in range(channels)]
+    children = [child for _, child in pairs]
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *(str(c.fileno()) for c in children)],
+            pass_fds=tuple(c.fileno() for c in children), stdin=subprocess.DEVNULL, close_fds=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)},
+        )
+    finally:
+        for c in children:
+            c.close()
+    return proc, [Connection(parent.detach()) for parent, _ in pairs]
+
+
+def kill_process(proc: subprocess.Popen, conns: list[Connection]) -> None:
+    """SIGKILL ``proc``, reap it (at most 5 s) and close our ends of its sockets; idempotent."""
+    try:
+        proc.kill()
+    except OSError:
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+    for c in conns:
+        try:
+            c.close()
+        except OSError:
+            pass
 
 
 class WorkerCrashed(RuntimeError):
@@ -55,17 +91,7 @@ class _Worker:
     """One worker process and its end of the socketpair."""
 
     def __init__(self, vocab_blob: bytes) -> None:
-        parent, child = socket.socketpair()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "constraint_service.compile_worker", str(child.fileno())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                    p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)},
-            )
-        finally:
-            child.close()
-        self.conn = Connection(parent.detach())
+        self.proc, (self.conn,) = spawn_module("constraint_service.compile_worker", 1)
         self.conn.send_bytes(vocab_blob)
         self.ready = False
 
@@ -85,15 +111,7 @@ class _Worker:
         return self.ready
 
     def kill(self) -> None:
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.conn.close()
+        kill_process(self.proc, [self.conn])
 
 
 class CompilePool:

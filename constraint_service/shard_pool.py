@@ -10,18 +10,13 @@ engine restarts the whole sidecar (its sessions are one generation: README "Oper
 from __future__ import annotations
 
 import itertools
-import os
 import pickle
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import Future
-from multiprocessing.connection import Connection
 from typing import Any, Callable, Optional
 
-from .compile_pool import _ROOT
+from .compile_pool import kill_process, spawn_module
 from .errors import ConstraintError
 from .vocab import Vocabulary
 
@@ -50,21 +45,7 @@ class RemoteShard:
         self.broken = ""
         self._on_broken = on_broken
         self._stopping = False
-        step_parent, step_child = socket.socketpair()
-        ctl_parent, ctl_child = socket.socketpair()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "constraint_service.shard_worker", str(step_child.fileno()),
-                 str(ctl_child.fileno())],
-                pass_fds=(step_child.fileno(), ctl_child.fileno()), stdin=subprocess.DEVNULL, close_fds=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                    p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)},
-            )
-        finally:
-            step_child.close()
-            ctl_child.close()
-        self._step = Connection(step_parent.detach())
-        self._ctl = Connection(ctl_parent.detach())
+        self.proc, (self._step, self._ctl) = spawn_module("constraint_service.shard_worker", 2)
         self._ctl.send_bytes(pickle.dumps((Vocabulary.from_any(vocab), dict(options)),
                                           protocol=pickle.HIGHEST_PROTOCOL))
         self._ready = False
@@ -195,19 +176,7 @@ class RemoteShard:
         """Kill the worker (idempotent)."""
         self._stopping = True
         self._break(f"shard worker {self.index} was stopped")
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        for c in (self._step, self._ctl):
-            try:
-                c.close()
-            except OSError:
-                pass
+        kill_process(self.proc, [self._step, self._ctl])
 
 
 def wait_all(shards: list[RemoteShard], timeout: float) -> list[RemoteShard]:
