@@ -85,18 +85,24 @@ class Stack:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="session")
-def stack():
+def metered_stack(extra: list[str] | None = None):
+    """For fixtures (``yield from``): a started stack with a metrics port (``.metrics_port``; skips without
+    the default model); at teardown it is stopped and must leave no shared-memory segment behind."""
     if not MODEL.exists():
         pytest.skip(f"default model not fetched ({MODEL}); run `make setup` first")
-    s = Stack(free_port())
+    s = Stack(free_port(), extra)
     s.metrics_port = free_port()
     s.extra += ["--metrics-port", str(s.metrics_port)]
     s.start()
     yield s
     rc = s.stop()
-    assert not shm_segments(s.port), f"shared-memory segments left behind: {shm_segments(s.port)} (exit {rc}): " + \
-        "\n".join(s.lines[-30:])
+    assert not shm_segments(s.port), f"shared-memory segments left behind: {shm_segments(s.port)} (exit {rc}):\n" + \
+        "\n".join(s.lines[-150:])
+
+
+@pytest.fixture(scope="session")
+def stack():
+    yield from metered_stack()
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .conftest import MODEL, Stack, free_port, shm_segments
+from .conftest import Stack, metered_stack
 from .test_supervision_e2e import Streams, _health, _metric, check_all_valid
 
 
@@ -26,15 +26,7 @@ def _shard_workers(stack: Stack) -> list[int]:
 
 @pytest.fixture(scope="module")
 def shard_stack():
-    if not MODEL.exists():
-        pytest.skip(f"default model not fetched ({MODEL})")
-    s = Stack(free_port(), extra=["--step-shards", "3", "--sidecar-deadline", "5"])
-    s.metrics_port = free_port()
-    s.extra += ["--metrics-port", str(s.metrics_port)]
-    s.start()
-    yield s
-    rc = s.stop()
-    assert not shm_segments(s.port), f"{shm_segments(s.port)} left, exit {rc}:\n" + "\n".join(s.lines[-150:])
+    yield from metered_stack(["--step-shards", "3", "--sidecar-deadline", "5"])
 
 
 def test_16_constrained_streams_over_three_step_shards_stay_in_their_language(shard_stack) -> None:

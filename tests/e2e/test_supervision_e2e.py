@@ -20,7 +20,7 @@ import grpc
 import jsonschema
 import pytest
 
-from .conftest import MODEL, Stack, free_port, shm_segments
+from .conftest import Stack, metered_stack
 
 SCHEMA = {
     "type": "object",
@@ -114,15 +114,7 @@ DEADLINE_S = 5.0  # --sidecar-deadline of this module's stack (default 20 s)
 @pytest.fixture(scope="module")
 def sup_stack():
     """One stack for both tests (a start-up is the slow part on 2 cores); each test measures its own deltas."""
-    if not MODEL.exists():
-        pytest.skip(f"default model not fetched ({MODEL})")
-    s = Stack(free_port(), extra=["--sidecar-deadline", str(DEADLINE_S)])
-    s.metrics_port = free_port()
-    s.extra += ["--metrics-port", str(s.metrics_port)]
-    s.start()
-    yield s
-    rc = s.stop()
-    assert not shm_segments(s.port), f"{shm_segments(s.port)} left, exit {rc}:\n" + "\n".join(s.lines[-150:])
+    yield from metered_stack(["--sidecar-deadline", str(DEADLINE_S)])
 
 
 def check_all_valid(streams: Streams, n: int) -> None:
