@@ -129,8 +129,9 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
     Sessions live in Step shards (:mod:`constraint_service.shard`): shard 0 in this process, shards
     1..N-1 in worker processes (``options.step_shards``). Every constraint is validated, converted and
     compiled here (errors, the killable proof, the cache); a request whose session goes to a worker sends
-    it the compiled grammar's text, which the worker compiles once per key (its own cache). A new session goes to the shard with the fewest sessions, preferring a
-    shard that already compiled its grammar while it has at most a few more sessions than the least loaded.
+    it the compiled grammar's text, which the worker compiles once per key (its own cache). A new session
+    goes to the shard with the fewest sessions, preferring a shard that already compiled its grammar while
+    it has at most a few more sessions than the least loaded.
 
     Args:
         options: the sidecar's knobs.
@@ -154,7 +155,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         self._owner: dict[str, int] = {}  # request id -> shard index (0 = here), once its session is open
         self._pending: dict[str, int] = {}  # request id -> shard index while its Prepare opens the session
         self._epoch = 0  # bumped by every RegisterVocabulary: a Prepare that straddles one is refused
-        self._load: list[int] = [0]  # sessions per shard
         self._compiled_on: list[set] = [set()]  # cache keys each shard has compiled (affinity)
         self._texts: dict[tuple, str] = {}  # cache key -> grammar text sent to shard workers
         # NINFER_STEP_TRACE=PATH (diagnostics): one line "step_seq start end" (time.perf_counter(), the same
@@ -217,7 +217,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             self._owner.clear()
             self._pending.clear()
             self._epoch += 1
-            self._load, self._compiled_on = [0], [set()]
+            self._compiled_on = [set()]
         if old is not None:
             old.close()
         for r in old_remote:
@@ -241,10 +241,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                     ready.remove(r)
         with self._lock:
             self._remote = ready
-            # sessions prepared meanwhile (on shard 0: the only one until now) keep their count
-            self._load = [0] * (1 + len(ready))
-            for k in (*self._owner.values(), *self._pending.values()):
-                self._load[k] += 1
             self._compiled_on += [set() for _ in ready]
             was_broken, self.broken = self.broken, ""
         if was_broken and self._on_health is not None:
@@ -283,8 +279,11 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
 
     # --------------------------------------------------------------- sessions
     def _pick_shard(self, key: tuple) -> int:
-        """The shard for a new session of grammar ``key`` (called with ``self._lock`` held)."""
-        load = self._load
+        """The shard for a new session of grammar ``key`` (called with ``self._lock`` held). A shard's load
+        is its sessions, open or opening, counted here: no count to keep in step with them."""
+        load = [0] * (1 + len(self._remote))
+        for k in (*self._owner.values(), *self._pending.values()):
+            load[k] += 1
         low = min(load)
         slack = max(1, sum(load) // (4 * len(load)))  # a few sessions of imbalance buy a cache hit
         warm = [k for k in range(len(load)) if key in self._compiled_on[k] and load[k] <= low + slack]
@@ -323,7 +322,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 # reserved while the session opens: a second Prepare of this id is refused, a Close finds
                 # no session yet (it is not open), and the shard's count includes it
                 self._pending[rid] = k
-                self._load[k] += 1
                 epoch, remote = self._epoch, self._remote
             cache = info.cache
             try:
@@ -340,7 +338,6 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                     stale = epoch != self._epoch
                     if not stale and self._pending.get(rid) == k:
                         del self._pending[rid]
-                        self._load[k] -= 1
                 if isinstance(e, ConstraintError):
                     span.set_attribute("ninfer.constraint.error", str(e.kind))
                     _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e.kind), e.message, e.location)
@@ -381,10 +378,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
     def _release(self, rid: str) -> int | None:
         """Forget ``rid``'s owner; its shard index (None if unknown)."""
         with self._lock:
-            k = self._owner.pop(rid, None)
-            if k is not None:
-                self._load[k] -= 1
-        return k
+            return self._owner.pop(rid, None)
 
     def _close_on_shard(self, k: int, rid: str, final_tokens: list[int]) -> tuple[bool, bool, int, str] | None:
         if k == 0:

@@ -24,7 +24,7 @@ from typing import Sequence
 from ninfer.constraint.v1 import constraint_pb2 as pb
 
 from .backend import CompiledConstraint
-from .errors import ConstraintError, IntegrityError
+from .errors import IntegrityError
 from .session import OutputSession, fill_rows
 from .types import UNCONSTRAINED
 
@@ -237,7 +237,3 @@ class StepShard:
                 # a dead end is reported once: the ring's status byte (STATUS_DEAD_END) of that position
         return out
 
-
-def compile_error_tuple(e: ConstraintError) -> tuple[str, str, str]:
-    """``(kind, message, location)`` of a constraint error (what crosses a process boundary)."""
-    return str(e.kind), e.message, e.location

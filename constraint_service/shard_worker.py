@@ -89,7 +89,7 @@ def _serve_control(conn: Connection, grammars: _GrammarCache, shard, state: dict
     from shared_memory.ring import MaskRing
 
     from .errors import ConstraintError
-    from .shard import DuplicateSession, compile_error_tuple
+    from .shard import DuplicateSession
 
     send_lock = threading.Lock()
 
@@ -117,7 +117,7 @@ def _serve_control(conn: Connection, grammars: _GrammarCache, shard, state: dict
             else:
                 reply((tag, "fault", f"unknown operation {op!r}"))
         except ConstraintError as e:
-            reply((tag, "error", *compile_error_tuple(e)))
+            reply((tag, "error", str(e.kind), e.message, e.location))
         except DuplicateSession:
             reply((tag, "duplicate"))
         except Exception as e:  # noqa: BLE001 - reported to the sidecar, which answers a structured error

@@ -139,9 +139,10 @@ def build_stack(args: argparse.Namespace):
     # or reach a socket there, and the Sidecar checks the peer's credentials before trusting it.
     sidecar = Sidecar(args.sidecar_socket or None, vocab, ring_info, external=bool(args.sidecar_socket),
                       step_deadline_s=args.sidecar_deadline,
-                      # a Prepare may wait for a compile slot, then compile, then compile again in a Step shard
-                      # worker (a proven build, at most 3 timeouts there): five compile timeouts plus the deadline
-                      prepare_timeout_s=5 * args.compile_timeout + args.sidecar_deadline,
+                      # a Prepare may wait for a compile slot, then compile: two compile timeouts plus the deadline;
+                      # with Step shards it may compile again in a worker (at most 3 timeouts there)
+                      prepare_timeout_s=(2 if args.step_shards == 1 else 5) * args.compile_timeout
+                      + args.sidecar_deadline,
                       extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads),
