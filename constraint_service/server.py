@@ -352,7 +352,10 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 if not stale:
                     del self._pending[rid]
                     self._owner[rid] = k
-                    self._compiled_on[k].add(compiled.key)
+                    seen = self._compiled_on[k]
+                    if len(seen) >= 4096:  # a hint, not a record (the worker's cache evicts on its own): bounded
+                        seen.clear()
+                    seen.add(compiled.key)
                 elif k == 0 and rid not in self._owner and rid not in self._pending:
                     self._local.close(rid, ())  # opened after the new vocabulary cleared the shard
             if stale:
