@@ -107,7 +107,7 @@ def load_schemas(path: Path) -> list[str]:
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
                 prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0,
-                mask_soft_wait_ms: float | None = None, step_shards: int = 0):
+                mask_soft_wait_ms: float | None = None, step_shards: int = 0, step_transport: str = "socket"):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -125,7 +125,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     ring = MaskRing.create(f"ninfer-bench-{os.getpid()}", geo)
     ring_info = dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots, num_lanes=geo.num_lanes,
                      num_positions=geo.num_positions, num_words=geo.num_words)
-    sidecar = Sidecar(None, vocab, ring_info,
+    sidecar = Sidecar(None, vocab, ring_info, step_transport=step_transport,
                       extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout),
                                   "--fill-chunk-rows", str(fill_chunk_rows), "--step-shards", str(step_shards)])
     t0 = time.perf_counter()
@@ -559,13 +559,17 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             fill_threads=args.fill_threads, compile_timeout=args.compile_timeout,
                                             prefill_graphs=args.prefill_graphs, loaded=loaded,
                                             fill_chunk_rows=args.fill_chunk_rows,
-                                            mask_soft_wait_ms=args.mask_soft_wait, step_shards=args.step_shards)
+                                            mask_soft_wait_ms=args.mask_soft_wait, step_shards=args.step_shards,
+                                            step_transport=args.step_transport)
+    if args.publish == "immediate":  # A/B of deferred publishing (gpu_engine.engine.output); default: the engine's
+        engine.defer_publish = False
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
                tokenizer_tokens=len(loaded.vocab.token_bytes),
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
+               step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
                                       getattr(engine.program, "prefill_len_buckets", [])],
@@ -788,6 +792,11 @@ def main(argv=None) -> int:
                     help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
     ap.add_argument("--step-shards", type=int, default=1,
                     help="sidecar Step shards (default 1, as ninfer serve; 0 = the sidecar's auto choice)")
+    ap.add_argument("--step-transport", choices=["socket", "grpc"], default="socket",
+                    help="the engine's Step stream transport (default socket, as ninfer serve)")
+    ap.add_argument("--publish", choices=["default", "immediate"], default="default",
+                    help="immediate: publish each step's Deltas at its commit, not during the next forward "
+                         "(the engine defers them on CUDA; A/B runs)")
     ap.add_argument("--step-trace", action="store_true",
                     help="time every Step message's legs in both processes (step_trace_ms in the results)")
     ap.add_argument("--mask-soft-wait", type=float, default=None,
@@ -826,6 +835,7 @@ def main(argv=None) -> int:
         num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
         fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
+        step_transport=args.step_transport, publish=args.publish,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "

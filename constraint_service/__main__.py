@@ -1,7 +1,8 @@
 """``python -m constraint_service``: run the constraint sidecar.
 
 Listens on a unix socket by default (``--socket``), or on TCP with
-``--listen HOST:PORT``. With ``--parent-pid`` the sidecar exits when that
+``--listen HOST:PORT``. Beside a unix socket it serves the local Step transport on
+``<socket>.step`` (:mod:`constraint_service.step_socket`; ``--step-socket ''`` turns it off). With ``--parent-pid`` the sidecar exits when that
 process dies (Linux ``PR_SET_PDEATHSIG`` plus a watchdog), and unlinks the
 mask ring the dead engine can no longer remove, so no ``/dev/shm`` segment
 outlives a SIGKILLed engine.
@@ -24,9 +25,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
 from ninfer_common.shutdown import ShutdownLatch
+from ninfer_common.step_socket import step_socket_path
 from ninfer_common.telemetry import server_interceptors, setup_tracing
 
 from .server import ConstraintServicer, SidecarOptions
+from .step_socket import StepSocketServer
 
 log = logging.getLogger("ninfer.sidecar")
 # Sent by the kernel when the engine dies (distinct from an orderly SIGTERM).
@@ -88,6 +91,21 @@ def _parent_watchdog(orphan: _OrphanRing) -> None:
     os._exit(0)
 
 
+def _start_step_socket(args, servicer: ConstraintServicer) -> StepSocketServer | None:
+    """The local Step transport's socket (:mod:`ninfer_common.step_socket`), or None when it is off or cannot
+    be made (the engine then uses the gRPC ``Step`` RPC)."""
+    path = args.step_socket
+    if path is None:
+        path = "" if args.listen else step_socket_path(args.socket)
+    if not path:
+        return None
+    try:
+        return StepSocketServer(path, servicer._step, lambda: servicer.broken)
+    except OSError as e:
+        log.warning("no local Step socket at %s (%s); Steps come over gRPC only", path, e)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m constraint_service", description="NInfer constraint sidecar")
     ap.add_argument("--socket", default="/tmp/ninfer-constraint.sock", help="unix socket path to listen on")
@@ -107,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-shards", type=int, default=1,
                     help="processes sharing the Step work: this one and N-1 shard workers, each with its own "
                          "sessions and compile cache (default 1; 0 = auto: 1 below 8 CPUs, else CPUs/4, at most 4)")
+    ap.add_argument("--step-socket", default=None,
+                    help="unix socket of the local Step transport (default: the --socket path + '.step'; "
+                         "'' turns it off: Steps then come only over gRPC)")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
@@ -137,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     if not args.listen:
         os.chmod(args.socket, 0o600)
+    step_server = _start_step_socket(args, servicer)  # before SERVING: the engine looks for it once healthy
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     latch = ShutdownLatch()  # handlers that take no lock (see ninfer_common.shutdown)
     latch.install((signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL))
@@ -146,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_parent_watchdog, args=(orphan,), name="parent-watchdog", daemon=True).start()
     print(f"constraint sidecar ready on {address}", flush=True)
     latch.wait()
+    if step_server is not None:
+        step_server.close()
     server.stop(grace=0.5).wait()
     servicer.close()
     if not args.listen and os.path.exists(args.socket):

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "and compiling their grammars once per process (default 1; 0 = auto: 1 below 8 CPUs, else "
                          "CPUs/4, at most 4). On the H200 host 4 shards made constrained decode steps 4-25%% faster "
                          "at B = 64/128 but lost overall throughput while new grammars compiled in each shard")
+    ap.add_argument("--step-transport", choices=["socket", "grpc"], default="socket",
+                    help="transport of the engine's per-step Step stream to the sidecar: the sidecar's local "
+                         "step socket (default; gRPC when the sidecar has none) or the gRPC Step RPC. Same "
+                         "protobuf messages; the socket saves gRPC's thread hand-offs on every constrained step")
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="torch intra-op threads of a CPU engine (0 = auto: one core left for the constraint "
                          "sidecar and the RPC threads, i.e. max(1, cores - 1), at most torch's default)")
@@ -142,7 +146,7 @@ def build_stack(args: argparse.Namespace):
                       # a Prepare may wait for a compile slot, then compile: two compile timeouts plus the deadline;
                       # with Step shards it may compile again in a worker (at most 3 timeouts there)
                       prepare_timeout_s=(2 if args.step_shards == 1 else 5) * args.compile_timeout
-                      + args.sidecar_deadline,
+                      + args.sidecar_deadline, step_transport=args.step_transport,
                       extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads),

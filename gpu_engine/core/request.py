@@ -165,6 +165,8 @@ class Request:
     num_cached: int = 0  # tokens whose KV is in the lane
     output_ids: list[int] = field(default_factory=list)
     pending_commit: list[int] = field(default_factory=list)  # committed here, not yet confirmed to the sidecar
+    unpublished: list[int] = field(default_factory=list)  # committed ids whose Delta is not out yet (CUDA: the
+    # engine publishes them while the next step's forward runs, gpu_engine.engine.output.OutputPublishing)
     constraint_info: dict[str, Any] = field(default_factory=dict)  # {"cache": CacheStatus, "prepare_seconds": s}
     sidecar_generation: int = 0
     draft_tokens: int = 0

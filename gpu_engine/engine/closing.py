@@ -39,6 +39,7 @@ class Closing:
         at once, or after its sidecar session is closed on the next Step message."""
         if r.finished:
             return
+        self._publish_pending(r)  # its deferred Delta goes before its tail and Finish
         r.finished = True
         if 0 <= r.lane < self.max_lanes and self._lanes[r.lane] is r:
             self._lanes[r.lane] = None

@@ -15,6 +15,8 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
    the rows with their masks;
 5. commits tokens, streams text deltas, and finishes rows on EOS / budget; a finished
    constrained row's session is closed on the next Step message (:mod:`gpu_engine.engine.closing`).
+   On CUDA a plain row's delta is published during the next step, right after its forward launch
+   (deferred publishing, :mod:`gpu_engine.engine.output`).
 
 A sidecar that dies or misses a deadline never fails a row: its constrained rows are parked, the
 supervisor restarts it off this thread, and the rows come back re-prepared with their committed
@@ -48,7 +50,7 @@ from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.base import Executor
 from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
-from gpu_engine.core.request import Delta, Request
+from gpu_engine.core.request import Request
 from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
 from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
@@ -104,6 +106,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         # is queued with them and the host waits only on their ready event (tests may force it on the CPU).
         self.defer_drafts = program.device.type == "cuda"
         self._special = frozenset(vocab.special_ids)
+        # Deferred publishing (gpu_engine.engine.output): on CUDA a step's Deltas go out during the next forward
+        self.defer_publish = program.device.type == "cuda"
+        self._outbox: list[Request] = []
         program.eos_ids = tuple(sorted(self.eos))  # speculative verify ends a row at an accepted EOS draft
 
     # -------------------------------------------------------------- lifecycle
@@ -214,6 +219,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             if r is not None and r.cancelled.is_set():
                 self._finish(r, "cancelled")
         rows = self._runnable()
+        if not rows:
+            self._flush_outbox()  # no forward to overlap with (and maybe a blocking wait ahead): publish now
         if self._pending is not None:  # a Step answer is outstanding: poll it (block if nothing else can run)
             revived = self._settle_pending(block=not rows) or revived
             rows = self._runnable()
@@ -273,6 +280,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             rows = [r for r in rows if not r.parked]
             if not rows:
                 self._closing[:0] = closing  # sent by the next step
+                self._flush_outbox()
                 return
         st, now = self.stats, time.perf_counter
         td = now()
@@ -308,6 +316,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             if logits is None:  # else the forward already ran for all rows; finished / parked rows drop below
                 rows = [r for r in rows if not r.finished and not r.parked]
                 if not rows:
+                    self._flush_outbox()
                     return
             else:
                 batch = batch.without_masks()
@@ -316,6 +325,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             tp = st.add_phase("batch", tp, now())
             logits = prog.forward(batch)  # [B, T, V] float32, T = 1 + max drafts
             tp = st.add_phase("forward", tp, now())
+        self._flush_outbox()  # last step's Deltas, while the GPU runs the forward (gpu_engine.engine.output)
         words = status = enabled = None
         if sent:  # masks: wait only now (for a soft budget only when unconstrained rows ride along)
             got = self._recv_masks(seq, batch, constrained, closing, self._soft_wait(rows))  # "wait" + "stage"
@@ -396,9 +406,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             if not self._publish_output(r, emitted):
                 return
         else:
-            text = r.detok.add(emitted)
-            if text or emitted:
-                r.events.put(Delta(text, emitted))
+            self._queue_delta(r, emitted)
         if stop:
             self._finish(r, "stop")
         elif len(r.output_ids) >= r.max_tokens or r.num_cached + 1 >= prog.max_seq_len:

@@ -5,6 +5,16 @@ Requests with a model frontend (tools / thinking) carry an ``OutputStream``
 (reasoning / content / tool call) with the same rules the sidecar's grammar was built from; when
 the thinking budget is spent the canonical close is appended without sampling (seed 000 §thinking
 budget) and committed through the same path.
+
+Plain requests (no frontend) stream one :class:`~gpu_engine.core.request.Delta` per committed step. On CUDA
+the engine publishes them *deferred*: a step's commit only records the ids (``Request.unpublished``), and
+they are detokenized and put on the request's queue during the next step, right after its forward is
+launched, while the GPU runs it and the sidecar fills the masks (:meth:`OutputPublishing._flush_outbox`).
+That takes the detokenizer and the queue puts (about 5 µs a row: 0.3–0.4 ms of a 64-row step) off the
+path between sampling and the next Step message and forward launch. A request's later events (its
+detokenizer tail, its Finish) first publish its pending ids, so every request's events keep their
+order; a step with nothing to overlap (no rows, a blocking wait) publishes at once. On the CPU the
+forward is synchronous, so nothing would overlap: the Delta goes out at the commit, as before.
 """
 from __future__ import annotations
 
@@ -16,6 +26,37 @@ from gpu_engine.core.request import Delta, Request
 class OutputPublishing:
     """Frontend output publication for :class:`gpu_engine.engine.loop.Engine` (uses its ``program``,
     ``stats`` and ``_finish``)."""
+
+    _outbox: list[Request]  # requests with unpublished ids (deferred publishing), in commit order
+    defer_publish: bool
+
+    def _publish_delta(self, r: Request, ids: list[int]) -> None:
+        """Detokenize a plain request's committed ``ids`` and put their Delta on its queue."""
+        text = r.detok.add(ids)
+        if text or ids:
+            r.events.put(Delta(text, ids))
+
+    def _queue_delta(self, r: Request, ids: list[int]) -> None:
+        """A plain request committed ``ids``: publish them now, or (``defer_publish``) at the next flush."""
+        if not self.defer_publish:
+            self._publish_delta(r, ids)
+        elif ids:
+            if not r.unpublished:
+                self._outbox.append(r)
+            r.unpublished.extend(ids)
+
+    def _publish_pending(self, r: Request) -> None:
+        """Publish ``r``'s unpublished ids now (before any other event of ``r``)."""
+        if r.unpublished:
+            ids, r.unpublished = r.unpublished, []
+            self._publish_delta(r, ids)
+
+    def _flush_outbox(self) -> None:
+        """Publish every deferred Delta, in commit order."""
+        if self._outbox:
+            outbox, self._outbox = self._outbox, []
+            for r in outbox:
+                self._publish_pending(r)
 
     def _force_close(self, r: Request) -> None:
         """Thinking budget spent: append the canonical close without sampling (seed 000 §thinking budget).

@@ -40,7 +40,8 @@ from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
 from gpu_engine.core.request import CacheStatus
 from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
-from gpu_engine.sidecar.stream import StepStream, StreamBroken
+from gpu_engine.sidecar.stream import SocketStepStream, StepSocketRefused, StepStream, StreamBroken
+from ninfer_common.step_socket import STEP_TRANSPORTS, step_socket_path
 
 __all__ = ["PRIVATE_DIR_PREFIX", "PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow",
            "StepRowResult", "sweep_stale_private_dirs"]
@@ -126,13 +127,23 @@ class Sidecar:
         step_deadline_s: seconds the engine waits for one Step answer before it treats the sidecar as
             hung (:meth:`recv_step`); also the heartbeat deadline of the supervisor.
         prepare_timeout_s: gRPC deadline of one ``Prepare`` (compile timeout plus a margin).
+        step_transport: ``"socket"`` (default): the Step stream on the sidecar's local step socket
+            (:mod:`ninfer_common.step_socket`), falling back to gRPC when the sidecar has none;
+            ``"grpc"``: always the gRPC ``Step`` RPC.
+
+    Raises:
+        ValueError: an unknown ``step_transport``, or ``external`` without a ``socket_path``.
     """
 
     def __init__(self, socket_path: str | None, vocab: TokenVocabulary, ring_info: dict,
                  extra_args: list[str] | None = None, startup_timeout_s: float = 60.0, external: bool = False,
-                 step_deadline_s: float = 30.0, prepare_timeout_s: float = 60.0) -> None:
+                 step_deadline_s: float = 30.0, prepare_timeout_s: float = 60.0,
+                 step_transport: str = "socket") -> None:
         if external and not socket_path:
             raise ValueError("external: expected a socket_path")
+        if step_transport not in STEP_TRANSPORTS:
+            raise ValueError(f"step_transport: expected one of {STEP_TRANSPORTS}, got {step_transport!r}")
+        self.step_transport = step_transport
         self.external = external
         self._lost = False
         self._private_dir: str | None = None
@@ -217,10 +228,36 @@ class Sidecar:
                 raise SidecarUnavailable(f"registering with the sidecar failed ({e.code().name})") from None
             self._channel, self._stub, self._probe = channel, stub, probe
             self.generation += 1
-            self._stream = StepStream(stub, self.generation, self.step_deadline_s)
+            try:
+                self._stream = self._open_step_stream(stub)
+            except StepSocketRefused as e:
+                channel.close()
+                probe.close()
+                raise SidecarUnavailable(f"{e}; refusing to use it") from None
             self._lost = False
             if sys.getswitchinterval() > STEP_SWITCH_INTERVAL_S:
                 sys.setswitchinterval(STEP_SWITCH_INTERVAL_S)
+
+    def _open_step_stream(self, stub) -> "SocketStepStream | StepStream":
+        """The Step stream of the generation just started: on the step socket when asked and served, else gRPC.
+
+        Raises:
+            StepSocketRefused: the step socket is served by another process or user.
+        """
+        if self.step_transport == "socket":
+            path = step_socket_path(self.socket_path)
+            try:
+                return SocketStepStream(path, self.generation, self.step_deadline_s,
+                                        None if self.external else self._proc.pid)
+            except OSError as e:
+                log.info("no local Step socket at %s (%s); the Step stream uses gRPC", path, e)
+        return StepStream(stub, self.generation, self.step_deadline_s)
+
+    @property
+    def step_stream_transport(self) -> str | None:
+        """The transport of the current Step stream (``"socket"`` or ``"grpc"``), None when there is none."""
+        stream = self._stream
+        return stream.transport if stream is not None else None
 
     def _stop_locked(self, hard: bool = False) -> None:
         if self._stream is not None:

@@ -1,5 +1,9 @@
 """The engine's ``Step`` stream to one sidecar generation, with a deadline on every answer.
 
+Two transports carry the same protobuf messages: :class:`SocketStepStream` on the sidecar's local step
+socket (the default: no thread hop, :mod:`ninfer_common.step_socket`) and :class:`StepStream` on the gRPC
+``Step`` RPC (the fallback). The rest of this docstring is about the gRPC one.
+
 gRPC's response iterator blocks in ``next()`` until an answer or an error arrives: a hung (e.g.
 SIGSTOPped) sidecar would block the engine thread forever. The engine thread still reads the
 answer itself (no extra thread hop on the hot path: the answer wakes it directly), while a
@@ -16,13 +20,17 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
+import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
 
 import grpc
 
 from ninfer.constraint.v1 import constraint_pb2 as pb
+from ninfer_common.step_socket import FRAME_MESSAGE, MAX_FRAME_BYTES, parse_frame
 
 
 # Seconds the engine thread waits, after queueing a Step message, for gRPC's sending thread to take it
@@ -46,6 +54,8 @@ class StepStream:
         generation: the sidecar generation this stream belongs to (sessions live in one generation).
         deadline_s: the longest wait for one answer, seconds.
     """
+
+    transport = "grpc"
 
     def __init__(self, stub, generation: int, deadline_s: float) -> None:
         self.generation = generation
@@ -155,3 +165,123 @@ class StepStream:
         self._call.cancel()
         if self._reader is not None:
             self._reader.shutdown(wait=False)
+
+
+class StepSocketRefused(Exception):
+    """The step socket is served by another process or user than the sidecar we trust (``str``: why)."""
+
+
+class SocketStepStream:
+    """One ``Step`` stream of one sidecar generation on its local step socket (:mod:`ninfer_common.step_socket`).
+
+    The same interface and deadlines as :class:`StepStream`, without its threads: the engine thread writes
+    each message (:meth:`send`) and reads each answer (:meth:`recv`) on the socket itself, so soft waits
+    need no reader thread and the hard deadline no watchdog (the waits are ``poll`` calls bounded by it).
+
+    Args:
+        path: the sidecar's step socket.
+        generation: the sidecar generation this stream belongs to.
+        deadline_s: the longest wait for one answer, seconds.
+        expected_pid: the sidecar's pid (our child), or None for an external sidecar (then only its uid
+            is checked).
+
+    Raises:
+        OSError: nothing accepts on ``path`` (no step socket: the caller falls back to gRPC).
+        StepSocketRefused: another process or user serves ``path``.
+    """
+
+    transport = "socket"
+
+    def __init__(self, path: str, generation: int, deadline_s: float, expected_pid: int | None) -> None:
+        self.generation = generation
+        self.deadline_s = float(deadline_s)
+        self.broken: str = ""
+        self._waiting_since = 0.0
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5.0)
+            sock.connect(path)
+            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                 struct.calcsize("3i")))
+            if uid != os.getuid() or (expected_pid is not None and pid != expected_pid):
+                raise StepSocketRefused(f"the step socket {path} is served by pid {pid} uid {uid}, expected "
+                                        f"pid {expected_pid if expected_pid is not None else 'any'} uid {os.getuid()}")
+            sock.settimeout(None)
+            self._shut = socket.socket(fileno=os.dup(sock.fileno()))  # for close(): shutdown wakes a blocked poll
+            self._conn = Connection(sock.detach())
+        except BaseException:
+            sock.close()
+            raise
+        self.trace: list | None = [] if os.environ.get("NINFER_STEP_TRACE") else None
+
+    def send(self, msg: pb.StepRequest) -> None:
+        """Write ``msg`` to the socket (on the calling thread; the sidecar reads it at once).
+
+        Raises:
+            StreamBroken: the stream is broken, or the write failed (the sidecar is gone).
+        """
+        if self.broken:
+            raise StreamBroken(self.broken)
+        data = FRAME_MESSAGE + msg.SerializeToString()
+        if self.trace is not None:
+            self.trace.append(("put", msg.step_seq, time.perf_counter()))
+        try:
+            self._conn.send_bytes(data)
+        except (OSError, ValueError) as e:  # ValueError: closed by close()
+            self.broken = self.broken or f"the Step socket failed ({type(e).__name__}: {e})"
+            raise StreamBroken(self.broken) from None
+        if self.trace is not None:
+            self.trace.append(("pull", msg.step_seq, time.perf_counter()))
+
+    def recv(self, timeout: float | None = None) -> pb.StepResponse | None:
+        """The next answer, waiting at most ``deadline_s`` seconds since the first wait for it.
+
+        Args:
+            timeout: ``None``: block until the answer (or the deadline). Else a soft budget in seconds
+                (``0`` polls): when it passes first, returns ``None`` and the answer stays outstanding.
+
+        Raises:
+            StreamBroken: the stream broke, the sidecar sent an error frame or closed it, or no answer
+                came within the deadline (broken for good).
+        """
+        if self.broken:
+            raise StreamBroken(self.broken)
+        now = time.monotonic()
+        if not self._waiting_since:
+            self._waiting_since = now
+        hard = self._waiting_since + self.deadline_s
+        soft = now + timeout if timeout is not None else hard
+        try:
+            while True:
+                left = min(hard, soft) - time.monotonic()
+                if self._conn.poll(max(0.0, left)):
+                    frame = self._conn.recv_bytes(MAX_FRAME_BYTES)
+                    break
+                if self.broken:
+                    raise StreamBroken(self.broken)
+                if time.monotonic() >= hard:
+                    self.broken = f"no Step answer within {self.deadline_s:g} s (the sidecar is hung or overloaded)"
+                    raise StreamBroken(self.broken)
+                if timeout is not None and time.monotonic() >= soft:
+                    return None
+        except (EOFError, OSError, ValueError):  # closed by the sidecar (it died) or by close()
+            self.broken = self.broken or "the sidecar ended the stream"
+            raise StreamBroken(self.broken) from None
+        ok, body = parse_frame(frame)
+        if not ok:
+            self.broken = self.broken or str(body)
+            raise StreamBroken(self.broken)
+        self._waiting_since = 0.0
+        r = pb.StepResponse.FromString(body)
+        if self.trace is not None:
+            self.trace.append(("answer", r.step_seq, time.perf_counter()))
+        return r
+
+    def close(self) -> None:
+        """End the stream (a wait in :meth:`recv` on another thread returns with :class:`StreamBroken`)."""
+        self.broken = self.broken or "the stream was closed"
+        try:
+            self._shut.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._shut.close()

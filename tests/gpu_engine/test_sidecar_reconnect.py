@@ -3,11 +3,14 @@
 Before: ``Sidecar.alive()`` looked only at the process, so after a Step stream broke while the child kept
 running (e.g. RESOURCE_EXHAUSTED on an oversized answer) ``ensure_started`` never reconnected and every later
 constrained request failed with the same "Step stream broke" until the engine was restarted.
+
+Every test runs on both Step transports: the local step socket (the default) and the gRPC ``Step`` RPC.
 """
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -22,16 +25,17 @@ from shared_memory.ring import MaskRing
 V, EOS = 64, 63
 
 
-@pytest.fixture()
-def sidecar():
+@pytest.fixture(params=["socket", "grpc"])
+def sidecar(request):
     vocab = TokenVocabulary(V, tuple(bytes([65 + i % 26]) for i in range(V - 1)) + (b"",), frozenset({EOS}), (EOS,))
     geo = ring_geometry(4, 0, V)
     ring = MaskRing.create(f"ninfer-test-reconnect-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
     sc = Sidecar(None, vocab, dict(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
                                    num_lanes=geo.num_lanes, num_positions=geo.num_positions,
-                                   num_words=geo.num_words))
+                                   num_words=geo.num_words), step_transport=request.param)
     try:
         sc.start()
+        assert sc.step_stream_transport == request.param
         yield sc
     finally:
         sc.stop()
@@ -49,7 +53,10 @@ def _step_ok(sc: Sidecar, rid: str, seq: int) -> bool:
 def test_broken_step_stream_restarts_a_live_sidecar(sidecar):
     assert _step_ok(sidecar, "a", 1)
     first_pid, first_gen = sidecar.pid, sidecar.generation
-    sidecar._channel.close()  # the Step stream breaks; the child process keeps running
+    if sidecar.step_stream_transport == "grpc":
+        sidecar._channel.close()  # the Step stream breaks; the child process keeps running
+    else:
+        sidecar._stream._shut.shutdown(socket.SHUT_RDWR)  # the connection drops; the child keeps running
     with pytest.raises(SidecarUnavailable):
         sidecar.send_step(2, 1, [StepRow("a", 0, [], [])])
         sidecar.recv_step(2)
