@@ -72,8 +72,9 @@ def test_a_step_publishes_the_previous_steps_delta_after_its_forward(rig):
     eng.program.forward = spy
     for _ in range(4):
         eng.step()
-    # at each launch the client had every token but the last step's; after the launch that one went out too
-    assert launched == [0, 0, 1, 2]
+    # the first token went out at its commit (time to first token unchanged); from then on, at each launch the
+    # client had every token but the last step's, which went out right after the launch
+    assert launched == [0, 1, 1, 2]
     assert r.unpublished == [r.output_ids[-1]] and len(r.output_ids) == 4
     assert [t for e in _events(r) for t in e.token_ids] == r.output_ids[:3]
 
