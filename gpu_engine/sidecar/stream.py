@@ -26,8 +26,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer_common.step_socket import FRAME_MESSAGE, MAX_FRAME_BYTES, parse_frame
@@ -221,15 +223,14 @@ class SocketStepStream:
             StreamBroken: the stream is broken, or the write failed (the sidecar is gone).
         """
         if self.broken:
-            raise StreamBroken(self.broken)
+            self._fail(self.broken)
         data = FRAME_MESSAGE + msg.SerializeToString()
         if self.trace is not None:
             self.trace.append(("put", msg.step_seq, time.perf_counter()))
         try:
             self._conn.send_bytes(data)
         except (OSError, ValueError) as e:  # ValueError: closed by close()
-            self.broken = self.broken or f"the Step socket failed ({type(e).__name__}: {e})"
-            raise StreamBroken(self.broken) from None
+            self._fail(f"the Step socket failed ({type(e).__name__}: {e})")
         if self.trace is not None:
             self.trace.append(("pull", msg.step_seq, time.perf_counter()))
 
@@ -245,7 +246,7 @@ class SocketStepStream:
                 came within the deadline (broken for good).
         """
         if self.broken:
-            raise StreamBroken(self.broken)
+            self._fail(self.broken)
         now = time.monotonic()
         if not self._waiting_since:
             self._waiting_since = now
@@ -258,27 +259,36 @@ class SocketStepStream:
                     frame = self._conn.recv_bytes(MAX_FRAME_BYTES)
                     break
                 if self.broken:
-                    raise StreamBroken(self.broken)
+                    self._fail(self.broken)
                 if time.monotonic() >= hard:
-                    self.broken = f"no Step answer within {self.deadline_s:g} s (the sidecar is hung or overloaded)"
-                    raise StreamBroken(self.broken)
+                    self._fail(f"no Step answer within {self.deadline_s:g} s (the sidecar is hung or overloaded)")
                 if timeout is not None and time.monotonic() >= soft:
                     return None
         except (EOFError, OSError, ValueError):  # closed by the sidecar (it died) or by close()
-            self.broken = self.broken or "the sidecar ended the stream"
-            raise StreamBroken(self.broken) from None
-        ok, body = parse_frame(frame)
-        if not ok:
-            self.broken = self.broken or str(body)
-            raise StreamBroken(self.broken)
+            self._fail("the sidecar ended the stream")
+        try:
+            ok, body = parse_frame(frame)
+            r = pb.StepResponse.FromString(body) if ok else None
+        except (ValueError, DecodeError) as e:  # DecodeError is a ValueError in some protobuf builds
+            self._fail(f"the sidecar's Step answer is garbled ({type(e).__name__}: {e})")
+        if r is None:
+            self._fail(str(body))
         self._waiting_since = 0.0
-        r = pb.StepResponse.FromString(body)
         if self.trace is not None:
             self.trace.append(("answer", r.step_seq, time.perf_counter()))
         return r
 
+    def _fail(self, why: str) -> NoReturn:
+        """Break the stream for good (the first reason stays), release its socket, raise :class:`StreamBroken`.
+
+        Called on the thread that sends and receives, so the connection is never closed under a wait."""
+        self.broken = self.broken or why
+        self._conn.close()  # idempotent
+        raise StreamBroken(self.broken)
+
     def close(self) -> None:
-        """End the stream (a wait in :meth:`recv` on another thread returns with :class:`StreamBroken`)."""
+        """End the stream (a wait in :meth:`recv` on another thread returns with :class:`StreamBroken`; the
+        socket itself is released by that thread, or when the stream is dropped)."""
         self.broken = self.broken or "the stream was closed"
         try:
             self._shut.shutdown(socket.SHUT_RDWR)

@@ -216,3 +216,34 @@ def test_a_sidecar_without_a_step_socket_is_used_over_grpc():
         ring.unlink()
     with pytest.raises(ValueError, match="step_transport"):
         Sidecar(None, vocab, {}, step_transport="carrier-pigeon")
+
+
+@pytest.mark.parametrize("frame, why", [(b"\x07junk", "garbled"), (FRAME_MESSAGE + b"\xff\xff\xff", "garbled"),
+                                        (b"", "garbled")])
+def test_a_garbled_answer_breaks_the_stream_with_a_reason(frame, why):
+    """A peer answering garbage (unknown frame kind, bad protobuf, empty frame): StreamBroken, not a crash."""
+    from multiprocessing.connection import Listener
+
+    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
+    path = os.path.join(d, "bad.step")
+    listener = Listener(path, family="AF_UNIX")
+
+    def bad_sidecar():
+        conn = listener.accept()
+        conn.recv_bytes()
+        conn.send_bytes(frame)
+
+    t = threading.Thread(target=bad_sidecar, daemon=True)
+    t.start()
+    s = SocketStepStream(path, 1, 30.0, os.getpid())
+    try:
+        s.send(_req(1))
+        with pytest.raises(StreamBroken, match=why):
+            s.recv()
+        with pytest.raises(StreamBroken, match=why):  # broken for good, with its first reason
+            s.send(_req(2))
+    finally:
+        s.close()
+        listener.close()
+        t.join(5)
+        os.rmdir(d)
