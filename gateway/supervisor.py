@@ -56,7 +56,11 @@ class GatewaySupervisor:
             self._proc = spawn_gateway(self.engine_target, self.port, host=self.host, api_key=self.api_key,
                                        engine_api_key=self.api_key,
                                        model_name=self.model_name, stdin=subprocess.DEVNULL,
-                                       extra_args=["--parent-pid", str(os.getpid())])
+                                       extra_args=["--parent-pid", str(os.getpid())],
+                                       # its own session: a terminal's Ctrl-C (SIGINT to the foreground process
+                                       # group) reaches only `ninfer serve`, which stops the gateway itself;
+                                       # before, the gateway exited on it too and was restarted during shutdown
+                                       start_new_session=True)
 
     def start(self) -> None:
         """Starts the gateway and the watcher thread."""

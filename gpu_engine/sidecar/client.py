@@ -182,7 +182,11 @@ class Sidecar:
             if not self.external:
                 cmd = [sys.executable, "-m", "constraint_service", "--socket", self.socket_path,
                        "--parent-pid", str(os.getpid()), *self.extra_args]
-                self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) reaches only
+                # the engine, which stops the sidecar itself. Before, the sidecar exited on it too, mid-shutdown,
+                # and the supervisor restarted it (the parent-death signal still covers a dying engine).
+                self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
             target = f"unix://{self.socket_path}"
             # Start-up health polls use a plain channel: the first ones fail by design while the
             # sidecar boots, and must not export ERROR spans (issue 14 (9)).
