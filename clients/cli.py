@@ -252,6 +252,9 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: Tex
         elif result.finish_reason == "length" and not result.text and not result.tool_calls:
             print("note: max_tokens was reached before any output (an unfinished tool call is not printed; "
                   "raise --max-tokens)", file=err, flush=True)
+        elif result.finish_reason == "length" and result.constraint and not result.constraint.get("complete"):
+            print("note: max_tokens was reached: the output is cut short and does not complete its constraint "
+                  "(raise --max-tokens)", file=err, flush=True)
     return _exit_for(result)
 
 

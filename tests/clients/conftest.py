@@ -7,7 +7,7 @@ The servicer's behaviour is chosen by the prompt (or the last chat message):
 * ``"unavailable"``: abort with UNAVAILABLE + detail ConstraintServiceUnavailable.
 * ``"internal"``: abort with INTERNAL and no detail.
 * ``"runtime-error"``: one delta, then a FINISH_REASON_ERROR finish.
-* ``"length"``: deltas then FINISH_REASON_LENGTH.
+* ``"length"``: deltas then FINISH_REASON_LENGTH (an echoed constraint is not complete).
 * ``"length-empty"``: FINISH_REASON_LENGTH without any content (e.g. a tool call cut at max_tokens).
 * ``"slow"``: one delta every 50 ms until cancelled (records cancellation).
 * ``"no-finish"``: deltas and the stream ends without a finish.
@@ -90,8 +90,9 @@ class FakeGeneration(pb_grpc.GenerationServicer):
 
         constraint = None
         if kind is not None:
+            cut = text in ("length", "length-empty")  # cut at max_tokens: the output does not complete it
             constraint = pb.ConstraintResult(
-                kind=kind, complete=True, terminated=True, cache=pb.CACHE_STATUS_BUILT, prepare_seconds=0.25
+                kind=kind, complete=not cut, terminated=not cut, cache=pb.CACHE_STATUS_BUILT, prepare_seconds=0.25
             )
 
         if text == "slow":

@@ -77,6 +77,9 @@ def test_length_without_output_says_so_in_text_mode(fake_server):
     assert rc == 0 and out == "\n" and err.startswith("note: max_tokens was reached before any output"), (out, err)
     rc, out, err = run(["generate", "length", "--server", fake_server.target])
     assert rc == 0 and out == "Hello world\n" and "note:" not in err
+    # a constrained output cut at max_tokens (the constraint is not complete) says so on stderr
+    rc, out, err = run(["generate", "length", "--json-object", "--server", fake_server.target])
+    assert rc == 0 and out == "Hello world\n" and "does not complete its constraint" in err, (out, err)
 
 
 def test_options_are_forwarded(fake_server, tmp_path):
