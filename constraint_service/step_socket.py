@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from multiprocessing.connection import Connection, Listener
 from typing import Callable
 
@@ -18,6 +19,11 @@ from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer_common.step_socket import FRAME_MESSAGE, MAX_FRAME_BYTES, error_frame, parse_frame
 
 log = logging.getLogger("ninfer.constraint.step_socket")
+
+#: Pending connections the socket queues (multiprocessing's default is 1: a second pending connect fails at once).
+LISTEN_BACKLOG = 16
+#: Seconds between accept attempts after a failed one (e.g. the process is out of file descriptors).
+ACCEPT_RETRY_S = 0.05
 
 __all__ = ["StepSocketServer"]
 
@@ -42,7 +48,7 @@ class StepSocketServer:
         self._broken = broken
         if os.path.lexists(path):
             os.unlink(path)
-        self._listener = Listener(path, family="AF_UNIX")
+        self._listener = Listener(path, family="AF_UNIX", backlog=LISTEN_BACKLOG)
         os.chmod(path, 0o600)
         self._closed = False
         self._conns: set[Connection] = set()
@@ -53,8 +59,14 @@ class StepSocketServer:
         while True:
             try:
                 conn = self._listener.accept()
-            except OSError:  # closed
-                return
+            except OSError as e:
+                if self._closed:
+                    return
+                # e.g. EMFILE: a passing shortage must not end the accept loop (every later engine connection
+                # would wait in the queue unanswered); try again shortly
+                log.warning("accepting on the step socket failed (%s); retrying", e)
+                time.sleep(ACCEPT_RETRY_S)
+                continue
             with self._lock:
                 if self._closed:
                     conn.close()

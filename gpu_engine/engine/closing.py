@@ -10,12 +10,15 @@ published when the sidecar's answer arrives (it reports ``complete`` /
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from ninfer_common.errors import RowError, Status
 
 from gpu_engine.core.request import ConstraintResult, Delta, Finish, FinishReason, Request
 from gpu_engine.sidecar.client import RowStatus, SidecarUnavailable, StepRow, StepRowResult
+
+log = logging.getLogger("ninfer.engine")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class _Close:
     error: RowError | None
     constraint: ConstraintResult
     final_tokens: list[int]
+    settled: bool = False  # its Finish is published, or it is parked for a replay (Closing._closed, _park_closes)
 
 
 class Closing:
@@ -87,7 +91,22 @@ class Closing:
 
     def _take_closing(self) -> list[_Close]:
         closing, self._closing = self._closing, []
+        self._inflight_closes = closing  # what a failed step leaves unsettled (Closing._abandon_step)
         return closing
+
+    def _abandon_step(self, pending) -> None:
+        """After an engine step failed: read and drop the answer of a Step it left outstanding (so the next
+        Step's answer is not mistaken for it) and publish the Finish of the closes it carried, or that the
+        abandoned ``pending`` step carried, as failed closes (nothing else would ever publish them)."""
+        stale = [c for c in list(self._inflight_closes) + (list(pending.closing) if pending is not None else [])
+                 if not c.settled]
+        self._inflight_closes = []
+        if self.sidecar is not None:
+            try:
+                self.sidecar.drain_step()
+            except Exception:  # noqa: BLE001 - the stream is then marked lost by the sidecar client
+                log.exception("dropping the outstanding Step answer failed")
+        self._closed(stale, None, "the engine step failed")
 
     @staticmethod
     def _close_rows(closing: list[_Close]) -> list[StepRow]:
@@ -98,6 +117,7 @@ class Closing:
         """Publish the Finish of each closed request from the sidecar's answer (``by_id``), or, when
         the answer never came (``why``), as a lost session (a cancelled request stays cancelled)."""
         for c in closing:
+            c.settled = True
             reason, error = c.reason, c.error
             x = None if by_id is None else by_id.get(c.request.request_id)
             if x is None:

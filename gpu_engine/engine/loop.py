@@ -102,6 +102,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         self._thread: threading.Thread | None = None
         self._drafters: dict = {}
         self._closing: list = []  # finished constrained requests whose session close rides on the next Step
+        self._inflight_closes: list = []  # the closes taken for the last Step (settled unless a step failed)
         # Draft-ready overlap (issue 6): on CUDA, early-exit draft ids stay on the device; the target forward
         # is queued with them and the host waits only on their ready event (tests may force it on the CPU).
         self.defer_drafts = program.device.type == "cuda"
@@ -179,7 +180,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 worked = self.step()
             except Exception:  # noqa: BLE001 - an engine bug must not kill the server silently
                 log.exception("engine step failed; failing resident requests")
-                self._pending = None
+                pending, self._pending = self._pending, None
+                self._abandon_step(pending)  # the Step stream stays in step; closes it carried are published
                 for r in self._lanes:
                     if r is not None:
                         self._finish(r, "error", error=RowError("EngineError", "engine step failed", status=Status.INTERNAL))

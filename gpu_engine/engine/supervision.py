@@ -121,6 +121,7 @@ class Supervision:
         a replay); a cancelled or failed request is published now as it was."""
         for c in closing:
             if c.error is None and c.reason in (FinishReason.STOP, FinishReason.LENGTH):
+                c.settled = True
                 self._parked[c.request.request_id] = _Parked(c.request, close=c, since=time.monotonic())
             else:
                 self._closed([c], None, why)

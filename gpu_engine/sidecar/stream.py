@@ -169,6 +169,41 @@ class StepStream:
             self._reader.shutdown(wait=False)
 
 
+#: Seconds the engine waits for the sidecar to accept its step socket connection.
+CONNECT_TIMEOUT_S = 5.0
+#: Least time (seconds) the rest of an answer frame gets once it has begun (see SocketStepStream.recv).
+PARTIAL_FRAME_S = 1.0
+
+
+def _set_timeout(sock: socket.socket, option: int, seconds: float) -> None:
+    """Set the kernel's ``SO_SNDTIMEO`` / ``SO_RCVTIMEO`` of a blocking socket (a timed-out call raises EAGAIN)."""
+    sec = max(0.0, seconds)
+    whole = int(sec)
+    usec = int((sec - whole) * 1e6)
+    if whole == 0 and usec == 0:
+        usec = 1  # 0 would mean no timeout at all
+    sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", whole, usec))
+
+
+def _connect(sock: socket.socket, path: str, timeout_s: float) -> None:
+    """Connect ``sock`` to ``path``, retrying while the listen queue is full (a unix socket answers a full queue
+    with EAGAIN at once instead of waiting), for up to ``timeout_s``.
+
+    Raises:
+        OSError: no socket there, refused, or still full at the timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    sock.settimeout(timeout_s)
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 class StepSocketRefused(Exception):
     """The step socket is served by another process or user than the sidecar we trust (``str``: why)."""
 
@@ -178,7 +213,9 @@ class SocketStepStream:
 
     The same interface and deadlines as :class:`StepStream`, without its threads: the engine thread writes
     each message (:meth:`send`) and reads each answer (:meth:`recv`) on the socket itself, so soft waits
-    need no reader thread and the hard deadline no watchdog (the waits are ``poll`` calls bounded by it).
+    need no reader thread and the hard deadline no watchdog: the waits are ``poll`` calls bounded by it, and
+    kernel socket timeouts bound the rest (a write to a sidecar that reads nothing: the deadline; the rest of
+    an answer frame once it has begun: what is left of the deadline, at least :data:`PARTIAL_FRAME_S`).
 
     Args:
         path: the sidecar's step socket.
@@ -201,14 +238,16 @@ class SocketStepStream:
         self._waiting_since = 0.0
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(5.0)
-            sock.connect(path)
+            _connect(sock, path, CONNECT_TIMEOUT_S)
             pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                                  struct.calcsize("3i")))
             if uid != os.getuid() or (expected_pid is not None and pid != expected_pid):
                 raise StepSocketRefused(f"the step socket {path} is served by pid {pid} uid {uid}, expected "
                                         f"pid {expected_pid if expected_pid is not None else 'any'} uid {os.getuid()}")
             sock.settimeout(None)
+            # A stalled sidecar must not block a write past the deadline (kernel send timeout; a timed-out
+            # write raises, which breaks the stream). Reads get a receive timeout per answer (recv).
+            _set_timeout(sock, socket.SO_SNDTIMEO, self.deadline_s)
             self._shut = socket.socket(fileno=os.dup(sock.fileno()))  # for close(): shutdown wakes a blocked poll
             self._conn = Connection(sock.detach())
         except BaseException:
@@ -229,6 +268,8 @@ class SocketStepStream:
             self.trace.append(("put", msg.step_seq, time.perf_counter()))
         try:
             self._conn.send_bytes(data)
+        except BlockingIOError:  # the send timeout: the sidecar has not read for the whole deadline
+            self._fail(f"the sidecar did not take a Step within {self.deadline_s:g} s (hung or overloaded)")
         except (OSError, ValueError) as e:  # ValueError: closed by close()
             self._fail(f"the Step socket failed ({type(e).__name__}: {e})")
         if self.trace is not None:
@@ -256,6 +297,11 @@ class SocketStepStream:
             while True:
                 left = min(hard, soft) - time.monotonic()
                 if self._conn.poll(max(0.0, left)):
+                    # the frame has begun; the rest of it must come within the deadline (at least a
+                    # PARTIAL_FRAME_S grace, so an answer arriving at the deadline is not cut): a sidecar
+                    # stopped mid-write then breaks the stream instead of blocking this thread
+                    _set_timeout(self._shut, socket.SO_RCVTIMEO,
+                                 max(hard - time.monotonic(), min(PARTIAL_FRAME_S, self.deadline_s)))
                     frame = self._conn.recv_bytes(MAX_FRAME_BYTES)
                     break
                 if self.broken:
@@ -264,6 +310,8 @@ class SocketStepStream:
                     self._fail(f"no Step answer within {self.deadline_s:g} s (the sidecar is hung or overloaded)")
                 if timeout is not None and time.monotonic() >= soft:
                     return None
+        except BlockingIOError:  # the receive timeout: a frame begun and not finished
+            self._fail(f"no complete Step answer within {self.deadline_s:g} s (the sidecar stopped mid-answer)")
         except (EOFError, OSError, ValueError):  # closed by the sidecar (it died) or by close()
             self._fail("the sidecar ended the stream")
         try:

@@ -247,3 +247,130 @@ def test_a_garbled_answer_breaks_the_stream_with_a_reason(frame, why):
         listener.close()
         t.join(5)
         os.rmdir(d)
+
+
+def test_a_half_written_answer_breaks_the_stream_at_the_deadline_instead_of_hanging():
+    """A sidecar stopped mid-write (a frame header and part of its body): the rest must come within the deadline
+    (at least PARTIAL_FRAME_S), then StreamBroken; the engine thread is never blocked for good."""
+    import struct as st
+    from multiprocessing.connection import Listener
+
+    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
+    path = os.path.join(d, "half.step")
+    listener = Listener(path, family="AF_UNIX")
+    release = threading.Event()
+
+    def stalled_sidecar():
+        conn = listener.accept()
+        conn.recv_bytes()
+        os.write(conn.fileno(), st.pack("!i", 100) + b"\x00" + b"x" * 9)  # 10 of 100 bytes, then nothing
+        release.wait(30)
+        conn.close()
+
+    t = threading.Thread(target=stalled_sidecar, daemon=True)
+    t.start()
+    s = SocketStepStream(path, 1, 0.3, os.getpid())
+    try:
+        s.send(_req(1))
+        t0 = time.monotonic()
+        with pytest.raises(StreamBroken, match="stopped mid-answer"):
+            s.recv()
+        assert time.monotonic() - t0 < 5.0  # the deadline plus the partial-frame grace, not forever
+    finally:
+        release.set()
+        s.close()
+        listener.close()
+        t.join(5)
+        os.rmdir(d)
+
+
+def test_a_sidecar_that_stops_reading_breaks_a_send_at_the_deadline():
+    """Writes to a sidecar that takes nothing (its socket buffer full) fail after the deadline: no blocked send."""
+    import socket as so
+
+    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
+    path = os.path.join(d, "deaf.step")
+    srv = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    s = SocketStepStream(path, 1, 0.3, os.getpid())
+    peer, _ = srv.accept()  # accepted, never read
+    try:
+        big = _req(1, rows=2000)  # ~50 KB a message: the buffer fills within a few
+        t0 = time.monotonic()
+        with pytest.raises(StreamBroken, match="did not take a Step within 0.3 s"):
+            for _ in range(1000):
+                s.send(big)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        s.close()
+        peer.close()
+        srv.close()
+        os.unlink(path)
+        os.rmdir(d)
+
+
+def test_the_accept_loop_survives_a_failed_accept(monkeypatch):
+    """An accept that fails (e.g. EMFILE: out of file descriptors) is retried, not the end of the socket."""
+    import errno
+    from multiprocessing import connection
+
+    import constraint_service.step_socket as ss
+
+    failures = []
+
+    class Flaky(connection.Listener):
+        def accept(self):
+            if not failures:
+                failures.append(1)
+                raise OSError(errno.EMFILE, "Too many open files")
+            return super().accept()
+
+    monkeypatch.setattr(ss, "Listener", Flaky)
+    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
+    path = step_socket_path(os.path.join(d, "c.sock"))
+    server = StepSocketServer(path, Handler(), lambda: "")
+    try:
+        s = SocketStepStream(path, 1, 10.0, os.getpid())
+        s.send(_req(1))
+        assert s.recv().step_seq == 1 and failures == [1]
+        s.close()
+    finally:
+        server.close()
+        os.rmdir(d)
+
+
+def test_connect_waits_while_the_listen_queue_is_full():
+    """A unix socket answers a full listen queue with EAGAIN at once: the engine retries until its timeout."""
+    import socket as so
+
+    from gpu_engine.sidecar.stream import _connect
+
+    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
+    path = os.path.join(d, "q.sock")
+    srv = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    fill = []
+    try:
+        while True:  # fill the queue
+            c = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(path)
+            except BlockingIOError:
+                c.close()
+                break
+            fill.append(c)
+        with pytest.raises(BlockingIOError):  # nobody accepts: still full at the timeout
+            _connect(so.socket(so.AF_UNIX, so.SOCK_STREAM), path, 0.2)
+        threading.Timer(0.2, lambda: [srv.accept() for _ in range(len(fill) + 1)]).start()
+        s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+        _connect(s, path, 5.0)  # admitted once the queue drains
+        s.close()
+    finally:
+        for c in fill:
+            c.close()
+        srv.close()
+        os.unlink(path)
+        os.rmdir(d)
