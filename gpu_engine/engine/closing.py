@@ -95,18 +95,22 @@ class Closing:
         return closing
 
     def _abandon_step(self, pending) -> None:
-        """After an engine step failed: read and drop the answer of a Step it left outstanding (so the next
-        Step's answer is not mistaken for it) and publish the Finish of the closes it carried, or that the
-        abandoned ``pending`` step carried, as failed closes (nothing else would ever publish them)."""
+        """After an engine step failed: read the answer of a Step it left outstanding (so the next Step's answer
+        is not mistaken for it) and settle the session closes that Step, or the abandoned ``pending`` step,
+        carried: those in the answer are published from it; the others (their Step never went out, or its
+        answer was lost) go back to the queue and ride on the next Step (nothing else would ever publish them)."""
         stale = [c for c in list(self._inflight_closes) + (list(pending.closing) if pending is not None else [])
                  if not c.settled]
         self._inflight_closes = []
+        got = None
         if self.sidecar is not None:
             try:
-                self.sidecar.drain_step()
-            except Exception:  # noqa: BLE001 - the stream is then marked lost by the sidecar client
-                log.exception("dropping the outstanding Step answer failed")
-        self._closed(stale, None, "the engine step failed")
+                got = self.sidecar.drain_step()
+            except Exception:  # noqa: BLE001 - an engine bug path: the closes are retried below
+                log.exception("reading the outstanding Step answer failed")
+        by_id = {x.request_id: x for x in got[0]} if got else {}
+        self._closed([c for c in stale if c.request.request_id in by_id], by_id)
+        self._closing[:0] = [c for c in stale if c.request.request_id not in by_id]
 
     @staticmethod
     def _close_rows(closing: list[_Close]) -> list[StepRow]:

@@ -491,17 +491,20 @@ class Sidecar:
             raise SidecarUnavailable(f"Step stream broke ({e})") from None
         self._sent_on = stream
 
-    def drain_step(self) -> None:
-        """Read and drop the answer of the last Step sent, if it is still outstanding (its sender gave up on it:
-        the engine step failed after sending it), so the next answer read is the next Step's. A stream that
-        cannot deliver it within the deadline is marked lost (the supervisor restarts the sidecar)."""
+    def drain_step(self) -> tuple[list[StepRowResult], float] | None:
+        """Read the answer of the last Step sent if it is still outstanding (its sender gave up on it: the engine
+        step failed after sending it), so the next answer read is the next Step's; returns it as
+        :meth:`recv_step` does, or None when none was outstanding or it could not be read (the stream is then
+        marked lost and the supervisor restarts the sidecar)."""
         stream, self._sent_on = self._sent_on, None
         if stream is None:
-            return
+            return None
         try:
-            stream.recv()
+            r = stream.recv()
         except StreamBroken as e:
             self.mark_lost(str(e), stream.generation)
+            return None
+        return step_results(r), r.work_seconds
 
     def recv_step(self, step_seq: int, timeout: float | None = None) -> tuple[list[StepRowResult], float] | None:
         """Wait (at most ``step_deadline_s`` since the first wait) for the answer to ``step_seq``: per-row

@@ -111,9 +111,8 @@ class CrashingSidecar:
         return out, 0.0
 
     def drain_step(self):
-        """As Sidecar.drain_step: the outstanding Step is processed by the sidecar, its answer dropped."""
-        if self.msgs:
-            self.recv_step(self.msgs[0][0])
+        """As Sidecar.drain_step: the outstanding Step's answer, or None."""
+        return self.recv_step(self.msgs[0][0]) if self.msgs else None
 
     def stop(self):
         pass

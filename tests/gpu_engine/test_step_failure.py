@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from gpu_engine.core.request import Finish
 
 from test_sidecar_replay import CrashingSidecar, _req, rig  # noqa: F401
@@ -62,9 +64,11 @@ def test_a_step_failing_after_its_step_message_keeps_the_stream_in_step(rig):
     eng.stop()
 
 
-def test_closes_carried_by_a_failed_step_get_their_finish(rig):
-    """A request finished at step n: its close rides on step n + 1's Step; that step raises after sending it. Its
-    Finish is still published (as a failed close), not lost."""
+@pytest.mark.parametrize("where", ["after_send", "before_send"])
+def test_closes_carried_by_a_failed_step_get_their_finish(rig, where):
+    """A request finished at step n: its close rides on step n + 1's Step; that step raises after sending it (the
+    close is settled from the drained answer) or before (the close goes back to the queue and rides on the next
+    Step). Either way the session is closed once and its Finish is published, clean."""
     eng, sc = rig(0, CrashingSidecar)
     sc.release.set()
     a, b = _req(1, max_tokens=2), _req(2, max_tokens=50)
@@ -74,9 +78,19 @@ def test_closes_carried_by_a_failed_step_get_their_finish(rig):
     while not a.finished:
         eng.step()
     assert eng._closing and not any(isinstance(e, Finish) for e in list(a.events.queue))
-    _raise_in_next_forward(eng)
-    _run_until(eng, lambda: b.finished)
+    if where == "after_send":
+        _raise_in_next_forward(eng)
+    else:
+        send = sc.send_step
+
+        def boom(*args, **kw):
+            sc.send_step = send
+            raise RuntimeError("serialisation bug")
+
+        sc.send_step = boom
+    _run_until(eng, lambda: b.finished and not eng._closing and any(isinstance(e, Finish) for e in list(a.events.queue)))
     fin = _events(a)[-1]
-    assert isinstance(fin, Finish) and fin.error is not None and "engine step failed" in fin.error.message
+    assert isinstance(fin, Finish) and fin.error is None and fin.finish_reason.value == "length"
+    assert fin.constraint is not None and a.request_id not in sc.state  # its session was closed
     assert isinstance(_events(b)[-1], Finish)
     eng.stop()
