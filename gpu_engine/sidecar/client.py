@@ -20,7 +20,6 @@ import re
 import shutil
 import socket
 import stat as st
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
 from gpu_engine.core.request import CacheStatus
 from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
-from gpu_engine.sidecar.stream import SocketStepStream, StepSocketRefused, StepStream, StreamBroken
+from gpu_engine.sidecar.stream import SocketStepStream, StepSocketRefused, StepStream, StreamBroken, peer_mismatch
 from ninfer_common.step_socket import STEP_TRANSPORTS, step_socket_path
 
 __all__ = ["PRIVATE_DIR_PREFIX", "PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow",
@@ -298,11 +297,9 @@ class Sidecar:
                 conn.connect(self.socket_path)
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
                 return False
-            pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                 struct.calcsize("3i")))
-        if (expected_pid is not None and pid != expected_pid) or uid != os.getuid():
-            raise SidecarUnavailable(f"the sidecar socket {self.socket_path} is served by pid {pid} uid {uid}, "
-                                     f"expected our child pid {expected_pid} uid {os.getuid()}; refusing to use it")
+            why = peer_mismatch(conn, expected_pid)
+        if why:
+            raise SidecarUnavailable(f"the sidecar socket {self.socket_path} is {why}; refusing to use it")
         return True
 
     def stop(self) -> None:

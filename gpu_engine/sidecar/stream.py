@@ -204,6 +204,16 @@ def _connect(sock: socket.socket, path: str, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
+def peer_mismatch(sock: socket.socket, expected_pid: int | None) -> str:
+    """Why the peer of the connected unix socket ``sock`` is not the sidecar we trust (``SO_PEERCRED``: it
+    must run under our uid and, when ``expected_pid`` is given, be that process), or ``""`` when it is."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    if uid == os.getuid() and (expected_pid is None or pid == expected_pid):
+        return ""
+    return (f"served by pid {pid} uid {uid}, expected pid {expected_pid if expected_pid is not None else 'any'} "
+            f"uid {os.getuid()}")
+
+
 class StepSocketRefused(Exception):
     """The step socket is served by another process or user than the sidecar we trust (``str``: why)."""
 
@@ -239,11 +249,9 @@ class SocketStepStream:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             _connect(sock, path, CONNECT_TIMEOUT_S)
-            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                 struct.calcsize("3i")))
-            if uid != os.getuid() or (expected_pid is not None and pid != expected_pid):
-                raise StepSocketRefused(f"the step socket {path} is served by pid {pid} uid {uid}, expected "
-                                        f"pid {expected_pid if expected_pid is not None else 'any'} uid {os.getuid()}")
+            why = peer_mismatch(sock, expected_pid)
+            if why:
+                raise StepSocketRefused(f"the step socket {path} is {why}")
             sock.settimeout(None)
             # A stalled sidecar must not block a write past the deadline (kernel send timeout; a timed-out
             # write raises, which breaks the stream). Reads get a receive timeout per answer (recv).
