@@ -4,10 +4,14 @@ protobuf; the real sidecar process: ``test_sidecar_reconnect.py`` and the e2e su
 by default)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import struct
 import tempfile
 import threading
 import time
+from multiprocessing.connection import Listener
 
 import pytest
 
@@ -218,108 +222,107 @@ def test_a_sidecar_without_a_step_socket_is_used_over_grpc():
         Sidecar(None, vocab, {}, step_transport="carrier-pigeon")
 
 
-@pytest.mark.parametrize("frame, why", [(b"\x07junk", "garbled"), (FRAME_MESSAGE + b"\xff\xff\xff", "garbled"),
-                                        (b"", "garbled")])
-def test_a_garbled_answer_breaks_the_stream_with_a_reason(frame, why):
-    """A peer answering garbage (unknown frame kind, bad protobuf, empty frame): StreamBroken, not a crash."""
-    from multiprocessing.connection import Listener
-
+@contextlib.contextmanager
+def _scripted_peer(behave):
+    """A peer on a step socket that plays ``behave(conn, release)`` on a thread for its one connection
+    (``multiprocessing`` framing; ``release`` is set at the end); yields the socket path."""
     d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
-    path = os.path.join(d, "bad.step")
-    listener = Listener(path, family="AF_UNIX")
-
-    def bad_sidecar():
-        conn = listener.accept()
-        conn.recv_bytes()
-        conn.send_bytes(frame)
-
-    t = threading.Thread(target=bad_sidecar, daemon=True)
-    t.start()
-    s = SocketStepStream(path, 1, 30.0, os.getpid())
-    try:
-        s.send(_req(1))
-        with pytest.raises(StreamBroken, match=why):
-            s.recv()
-        with pytest.raises(StreamBroken, match=why):  # broken for good, with its first reason
-            s.send(_req(2))
-    finally:
-        s.close()
-        listener.close()
-        t.join(5)
-        os.rmdir(d)
-
-
-def test_a_half_written_answer_breaks_the_stream_at_the_deadline_instead_of_hanging():
-    """A sidecar stopped mid-write (a frame header and part of its body): the rest must come within the deadline
-    (at least PARTIAL_FRAME_S), then StreamBroken; the engine thread is never blocked for good."""
-    import struct as st
-    from multiprocessing.connection import Listener
-
-    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
-    path = os.path.join(d, "half.step")
-    listener = Listener(path, family="AF_UNIX")
+    listener = Listener(os.path.join(d, "peer.step"), family="AF_UNIX")
     release = threading.Event()
-
-    def stalled_sidecar():
-        conn = listener.accept()
-        conn.recv_bytes()
-        os.write(conn.fileno(), st.pack("!i", 100) + b"\x00" + b"x" * 9)  # 10 of 100 bytes, then nothing
-        release.wait(30)
-        conn.close()
-
-    t = threading.Thread(target=stalled_sidecar, daemon=True)
+    t = threading.Thread(target=lambda: behave(listener.accept(), release), daemon=True)
     t.start()
-    s = SocketStepStream(path, 1, 0.3, os.getpid())
     try:
-        s.send(_req(1))
-        t0 = time.monotonic()
-        with pytest.raises(StreamBroken, match="stopped mid-answer"):
-            s.recv()
-        assert time.monotonic() - t0 < 5.0  # the deadline plus the partial-frame grace, not forever
+        yield listener.address
     finally:
         release.set()
-        s.close()
         listener.close()
         t.join(5)
         os.rmdir(d)
 
 
-def test_a_sidecar_that_stops_reading_breaks_a_send_at_the_deadline():
-    """Writes to a sidecar that takes nothing (its socket buffer full) fail after the deadline: no blocked send."""
-    import socket as so
-
+@contextlib.contextmanager
+def _raw_listener():
+    """A plain unix socket listening with a queue of one and never accepting by itself; yields ``(path, socket)``."""
     d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
-    path = os.path.join(d, "deaf.step")
-    srv = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    path = os.path.join(d, "raw.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(1)
-    s = SocketStepStream(path, 1, 0.3, os.getpid())
-    peer, _ = srv.accept()  # accepted, never read
     try:
-        big = _req(1, rows=2000)  # ~50 KB a message: the buffer fills within a few
-        t0 = time.monotonic()
-        with pytest.raises(StreamBroken, match="did not take a Step within 0.3 s"):
-            for _ in range(1000):
-                s.send(big)
-        assert time.monotonic() - t0 < 5.0
+        yield path, srv
     finally:
-        s.close()
-        peer.close()
         srv.close()
         os.unlink(path)
         os.rmdir(d)
 
 
+@pytest.mark.parametrize("frame, why", [(b"\x07junk", "garbled"), (FRAME_MESSAGE + b"\xff\xff\xff", "garbled"),
+                                        (b"", "garbled")])
+def test_a_garbled_answer_breaks_the_stream_with_a_reason(frame, why):
+    """A peer answering garbage (unknown frame kind, bad protobuf, empty frame): StreamBroken, not a crash."""
+    def bad_sidecar(conn, _release):
+        conn.recv_bytes()
+        conn.send_bytes(frame)
+
+    with _scripted_peer(bad_sidecar) as path:
+        s = SocketStepStream(path, 1, 30.0, os.getpid())
+        try:
+            s.send(_req(1))
+            with pytest.raises(StreamBroken, match=why):
+                s.recv()
+            with pytest.raises(StreamBroken, match=why):  # broken for good, with its first reason
+                s.send(_req(2))
+        finally:
+            s.close()
+
+
+def test_a_half_written_answer_breaks_the_stream_at_the_deadline_instead_of_hanging():
+    """A sidecar stopped mid-write (a frame header and part of its body): the rest must come within the deadline
+    (at least PARTIAL_FRAME_S), then StreamBroken; the engine thread is never blocked for good."""
+    def stalled_sidecar(conn, release):
+        conn.recv_bytes()
+        os.write(conn.fileno(), struct.pack("!i", 100) + b"\x00" + b"x" * 9)  # 10 of 100 bytes, then nothing
+        release.wait(30)
+        conn.close()
+
+    with _scripted_peer(stalled_sidecar) as path:
+        s = SocketStepStream(path, 1, 0.3, os.getpid())
+        try:
+            s.send(_req(1))
+            t0 = time.monotonic()
+            with pytest.raises(StreamBroken, match="stopped mid-answer"):
+                s.recv()
+            assert time.monotonic() - t0 < 5.0  # the deadline plus the partial-frame grace, not forever
+        finally:
+            s.close()
+
+
+def test_a_sidecar_that_stops_reading_breaks_a_send_at_the_deadline():
+    """Writes to a sidecar that takes nothing (its socket buffer full) fail after the deadline: no blocked send."""
+    with _raw_listener() as (path, srv):
+        s = SocketStepStream(path, 1, 0.3, os.getpid())
+        peer, _ = srv.accept()  # accepted, never read
+        try:
+            big = _req(1, rows=2000)  # ~50 KB a message: the buffer fills within a few
+            t0 = time.monotonic()
+            with pytest.raises(StreamBroken, match="did not take a Step within 0.3 s"):
+                for _ in range(1000):
+                    s.send(big)
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            s.close()
+            peer.close()
+
+
 def test_the_accept_loop_survives_a_failed_accept(monkeypatch):
     """An accept that fails (e.g. EMFILE: out of file descriptors) is retried, not the end of the socket."""
     import errno
-    from multiprocessing import connection
 
     import constraint_service.step_socket as ss
 
     failures = []
 
-    class Flaky(connection.Listener):
+    class Flaky(Listener):
         def accept(self):
             if not failures:
                 failures.append(1)
@@ -342,35 +345,26 @@ def test_the_accept_loop_survives_a_failed_accept(monkeypatch):
 
 def test_connect_waits_while_the_listen_queue_is_full():
     """A unix socket answers a full listen queue with EAGAIN at once: the engine retries until its timeout."""
-    import socket as so
-
     from gpu_engine.sidecar.stream import _connect
 
-    d = tempfile.mkdtemp(prefix="ninfer-test-stepsock-")
-    path = os.path.join(d, "q.sock")
-    srv = so.socket(so.AF_UNIX, so.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
     fill = []
-    try:
-        while True:  # fill the queue
-            c = so.socket(so.AF_UNIX, so.SOCK_STREAM)
-            c.setblocking(False)
-            try:
-                c.connect(path)
-            except BlockingIOError:
+    with _raw_listener() as (path, srv):
+        try:
+            while True:  # fill the queue
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.setblocking(False)
+                try:
+                    c.connect(path)
+                except BlockingIOError:
+                    c.close()
+                    break
+                fill.append(c)
+            with pytest.raises(BlockingIOError):  # nobody accepts: still full at the timeout
+                _connect(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), path, 0.2)
+            threading.Timer(0.2, lambda: [srv.accept() for _ in range(len(fill) + 1)]).start()
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            _connect(s, path, 5.0)  # admitted once the queue drains
+            s.close()
+        finally:
+            for c in fill:
                 c.close()
-                break
-            fill.append(c)
-        with pytest.raises(BlockingIOError):  # nobody accepts: still full at the timeout
-            _connect(so.socket(so.AF_UNIX, so.SOCK_STREAM), path, 0.2)
-        threading.Timer(0.2, lambda: [srv.accept() for _ in range(len(fill) + 1)]).start()
-        s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
-        _connect(s, path, 5.0)  # admitted once the queue drains
-        s.close()
-    finally:
-        for c in fill:
-            c.close()
-        srv.close()
-        os.unlink(path)
-        os.rmdir(d)
