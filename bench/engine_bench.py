@@ -107,7 +107,8 @@ def load_schemas(path: Path) -> list[str]:
 def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_graphs: str, graph_context: str,
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
                 prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0,
-                mask_soft_wait_ms: float | None = None, step_shards: int = 0, step_transport: str = "socket"):
+                mask_soft_wait_ms: float | None = None, step_shards: int = 0, step_transport: str = "socket",
+                finish: str = "fused"):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -134,7 +135,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
 
         program = CudaProgram(loaded.model, vocab.vocab_size, loaded.model.device, ring,
                               use_graphs=cuda_graphs != "off", graph_context=graph_context,
-                              prefill_graphs=prefill_graphs)
+                              prefill_graphs=prefill_graphs, fused_sample=None if finish == "fused" else False)
     else:
         from gpu_engine.executor.eager import Program
 
@@ -560,7 +561,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             prefill_graphs=args.prefill_graphs, loaded=loaded,
                                             fill_chunk_rows=args.fill_chunk_rows,
                                             mask_soft_wait_ms=args.mask_soft_wait, step_shards=args.step_shards,
-                                            step_transport=args.step_transport)
+                                            step_transport=args.step_transport, finish=args.finish)
     if args.publish == "immediate":  # A/B of deferred publishing (gpu_engine.engine.output); default: the engine's
         engine.defer_publish = False
     dtype_bytes = next(loaded.model.parameters()).element_size()
@@ -570,6 +571,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
                step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
+               fused_sample=getattr(engine.program, "fused_sample", False),
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
                                       getattr(engine.program, "prefill_len_buckets", [])],
@@ -794,6 +796,9 @@ def main(argv=None) -> int:
                     help="sidecar Step shards (default 1, as ninfer serve; 0 = the sidecar's auto choice)")
     ap.add_argument("--step-transport", choices=["socket", "grpc"], default="socket",
                     help="the engine's Step stream transport (default socket, as ninfer serve)")
+    ap.add_argument("--finish", choices=["fused", "torch"], default="fused",
+                    help="the Finish phase's sampler without top-k/top-p/min-p: the one Triton kernel (default, "
+                         "where CUDA and Triton are) or the torch ops (A/B runs)")
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")
@@ -835,7 +840,7 @@ def main(argv=None) -> int:
         num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
         fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
-        step_transport=args.step_transport, publish=args.publish,
+        step_transport=args.step_transport, publish=args.publish, finish=args.finish,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "

@@ -46,6 +46,7 @@ from gpu_engine.executor.graph_capture import GraphPhases
 from gpu_engine.executor.graph_prefill import GraphPrefill
 from gpu_engine.core.batch import StepBatch
 from gpu_engine.core.request import Request
+from gpu_engine.model.paged_attention import triton_available
 
 log = logging.getLogger("ninfer.cuda_program")
 
@@ -67,6 +68,9 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         spec_graphs: run the target forward of speculative steps through graphs of width
             ``K_ring + 1`` (the ring's positions; needs a ring with ``K_ring >= 1``), see
             :mod:`gpu_engine.executor.graph_capture`; off: speculative forwards run eagerly.
+        fused_sample: Finish graphs without top-k / top-p / min-p sample with the one-kernel
+            :func:`~gpu_engine.sample.fused_sample.sample_fused` (``None`` = when CUDA and Triton are there;
+            ``False``: the torch :func:`~gpu_engine.sample.sampler.sample` everywhere, for A/B runs).
 
     Buffers (all allocated here, on ``device``):
         ``logits``: ``[L, V]`` float32, Forward output / Finish input, batch-row order.
@@ -83,10 +87,14 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device, ring=None,
                  use_graphs: bool = True, graph_context: str = "buckets", timing: bool = True,
-                 prefill_graphs: str | None = None, spec_graphs: bool = False) -> None:
+                 prefill_graphs: str | None = None, spec_graphs: bool = False,
+                 fused_sample: bool | None = None) -> None:
         super().__init__(model, vocab_size, device)
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = bool(use_graphs and self.is_cuda)
+        if fused_sample is None:  # default: on where the Triton kernel can run
+            fused_sample = self.is_cuda and triton_available()
+        self.fused_sample = bool(fused_sample)
         self.model_seq_len = model.max_seq_len
         self.scratch_pos = model.max_seq_len - 1
         self.max_seq_len = model.max_seq_len - 1  # last position is the padding rows' scratch

@@ -1,0 +1,219 @@
+"""The one-kernel sampler (:func:`gpu_engine.sample.fused_sample.sample_fused`) draws the same tokens
+and reports the same errors as the torch reference :func:`gpu_engine.sample.sampler.sample`.
+
+On the CPU the kernel runs under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter is chosen
+when the kernel is built): rows built to break it — greedy ties inside a block and across blocks,
+NaN / ``+inf`` / all-``-inf`` legal sets, empty masks on enabled and disabled rows, garbage bits past
+``V`` in the last mask word, vocabularies that are not multiples of 32 or of the block, bf16 logits,
+per-row RNG purposes — and the CUDA-graph executor's Finish phase with ``fused_sample`` on vs off.
+On CUDA (``gpu`` marker) the same comparison runs at SmolLM2's and Qwen3's vocabulary sizes, in
+and out of a captured graph (the executor's graph-level checks are in test_cuda_sampling.py).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_engine.model.paged_attention import triton_available
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_CASES = textwrap.dedent("""
+    import torch
+    from gpu_engine.sample.bitmask import pack_bitmask
+    from gpu_engine.sample.fused_sample import BLOCK_V, sample_fused
+    from gpu_engine.sample.rng import Purpose
+    from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SamplingTensors, sample
+
+    def compare(logits, temp, seed, pos, words=None, enabled=None, purpose=Purpose.SAMPLE):
+        st = SamplingTensors.make(logits.shape[0], temperature=temp.tolist(), seed=seed.tolist(),
+                                  device=logits.device)
+        st.use_filters = False
+        want_tok, want_err = sample(logits, st, words, enabled, pos, purpose)
+        tok, err = sample_fused(logits, temp, seed, pos, words, enabled, purpose)
+        assert torch.equal(tok.cpu(), want_tok.cpu()), (tok, want_tok)
+        assert torch.equal(err.cpu().long(), want_err.cpu().long()), (err, want_err)
+        return tok.cpu(), err.cpu()
+
+    def random_case(b, v, dev, gen, density):
+        logits = (torch.randn(b, v, generator=gen) * 3).to(dev)
+        allowed = torch.rand(b, v, generator=gen) < density
+        allowed[:, 0] |= ~allowed.any(-1)               # every row legal somewhere (errors are built below)
+        temp = torch.where(torch.rand(b, generator=gen) < 0.25, 0.0, torch.rand(b, generator=gen) * 1.8 + 0.05)
+        seed = torch.randint(0, 2**62, (b,), generator=gen)
+        pos = torch.randint(0, 5000, (b,), generator=gen)
+        return logits, allowed, temp.to(dev), seed.to(dev), pos.to(dev)
+
+    def run(dev, sizes, repeats):
+        gen = torch.Generator().manual_seed(1234)
+        drawn = 0
+        for v in sizes:
+            for rep in range(repeats):
+                b = 7
+                logits, allowed, temp, seed, pos = random_case(b, v, dev, gen, (0.003, 0.3, 0.9)[rep % 3])
+                words = pack_bitmask(allowed).to(dev)
+                enabled = (torch.arange(b) % 3 != 2).to(dev)
+                t1, _ = compare(logits, temp, seed, pos, words, enabled)
+                t2, _ = compare(logits, temp, seed, pos)                                  # unmasked
+                compare(logits, temp, seed, pos, words)                                   # every row enabled
+                compare(logits.bfloat16(), temp, seed, pos, words, enabled)               # bf16 logits
+                compare(logits, temp, seed, pos, words, enabled,
+                        torch.tensor([int(p) for p in Purpose][:b] + [0] * (b - len(Purpose))).to(dev))
+                for r in range(b):
+                    if bool(enabled[r]):
+                        assert bool(allowed[r, t1[r]]), "an illegal token was drawn"
+                drawn += 2 * b
+        return drawn
+
+    def edge_cases(dev):
+        v = 2 * BLOCK_V + 77
+        b = 8
+        logits = torch.randn(b, v, generator=torch.Generator().manual_seed(7)).to(dev)
+        allowed = torch.ones(b, v, dtype=torch.bool)
+        logits[0, 5] = logits[0, BLOCK_V + 9] = 40.0                   # greedy tie across blocks -> 5
+        logits[1, 100] = logits[1, 101] = 40.0                         # tie inside a block -> 100
+        logits[2, v - 1] = float("nan")                                 # NaN in the last, partial block
+        logits[3, 3] = float("inf")                                     # +inf: non-finite
+        allowed[4] = False                                              # empty mask, enabled
+        allowed[4, 6] = True
+        logits[4, 6] = float("-inf")                                    # only legal token is -inf
+        allowed[5] = False                                              # empty mask (wins over NaN)
+        logits[5, 0] = float("nan")
+        allowed[6] = False                                              # empty but disabled: unconstrained
+        logits[7, :] = float("-inf")                                    # -inf on all but one illegal...
+        logits[7, 11] = 1.0
+        allowed[7, 11] = False                                          # ...so no finite legal token
+        words = pack_bitmask(allowed)
+        words[:, -1] |= torch.tensor(-1 << ((v % 32) or 32), dtype=torch.int32) if v % 32 else 0  # bits past V
+        words = words.to(dev)
+        enabled = torch.tensor([1, 1, 1, 1, 1, 1, 0, 1], dtype=torch.bool).to(dev)
+        temp = torch.tensor([0.0, 0.0, 0.7, 0.7, 0.7, 0.7, 0.9, 0.7]).to(dev)
+        seed = torch.arange(b, dtype=torch.int64).to(dev)
+        pos = torch.zeros(b, dtype=torch.int64).to(dev)
+        tok, err = compare(logits, temp, seed, pos, words, enabled)
+        assert tok[0] == 5 and tok[1] == 100, tok
+        assert err.tolist() == [0, 0, SAMPLE_ERR_NONFINITE, SAMPLE_ERR_NONFINITE, SAMPLE_ERR_NONFINITE,
+                                SAMPLE_ERR_EMPTY_MASK, 0, SAMPLE_ERR_NONFINITE], err
+        assert (tok[2:6] == -1).all() and tok[7] == -1
+        # all greedy (no second pass anywhere) and all sampled
+        compare(logits, torch.zeros_like(temp), seed, pos, words, enabled)
+        compare(logits, torch.ones_like(temp), seed, pos, words, enabled)
+        # out= tensors (the executor writes into its int64 [2, L] buffer)
+        out = torch.full((2, b), 99, dtype=torch.int64, device=dev)
+        sample_fused(logits, temp, seed, pos, words, enabled, out=(out[0], out[1]))
+        assert out[0].cpu().tolist() == tok.tolist() and out[1].cpu().tolist() == err.long().tolist()
+        # an empty batch launches nothing
+        t0, e0 = sample_fused(logits[:0], temp[:0], seed[:0], pos[:0])
+        assert t0.numel() == 0 and e0.numel() == 0
+""")
+
+_EXECUTOR = textwrap.dedent("""
+    import torch
+    from gpu_engine.executor.cuda_graph import _FIN_ENABLED, _FIN_LANES, _FIN_POS, CudaProgram
+    from gpu_engine.model.config import ModelConfig
+    from gpu_engine.model.llama import build_model
+    from gpu_engine.sample.bitmask import pack_bitmask
+    from shared_memory.layout import RingGeometry
+    from shared_memory.ring import MaskRing
+
+    V, L = 70, 8
+    cfg = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=8, name="tiny")
+    model = build_model(cfg, "cpu", torch.float32, L, 32, weights="random")
+    ring = MaskRing.create(f"ninfer-test-fusedsample-{os.getpid()}", RingGeometry(2, L, 1, V))
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(L, V, generator=gen) * 2
+    allowed = torch.rand(L, V, generator=gen) < 0.3
+    allowed[2] = False
+    lanes = torch.tensor([5, 0, 7, 1, 2, 3, 6, 4])     # batch row -> lane: gathers by lane are exercised
+    outs = []
+    try:
+        for fused in (True, False):
+            p = CudaProgram(model, V, torch.device("cpu"), ring, use_graphs=False, fused_sample=fused)
+            assert p.fused_sample is fused
+            p.logits.copy_(logits)
+            p.words[lanes, 0] = pack_bitmask(allowed)
+            p._i64[_FIN_LANES] = lanes
+            p._i64[_FIN_POS] = torch.arange(L) * 13
+            p._i64[_FIN_ENABLED] = torch.tensor([1, 1, 1, 0, 1, 1, 1, 0])
+            p._lane_f32[0, lanes] = torch.tensor([0.8, 0.0, 0.8, 1.2, 0.5, 0.0, 1.0, 0.9])
+            p._lane_i64[1, lanes] = torch.arange(L) * 7919 + 11
+            got = []
+            for masked in (True, False):
+                p._out.fill_(99)
+                p._finish_phase(L, masked, False)
+                got.append(p._out.clone())
+            outs.append(got)
+            p.close()
+    finally:
+        ring.close()
+        ring.unlink()
+    assert all(torch.equal(a, b) for a, b in zip(*outs)), outs
+    assert outs[0][0][1].tolist() == [0, 0, 1, 0, 0, 0, 0, 0]       # the enabled row with an empty mask
+""")
+
+
+def _interpret(code: str) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    script = "import os\n" + code
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+
+
+def test_interpreted_kernel_matches_torch_sampler():
+    _interpret(_CASES + "\nedge_cases('cpu')\nassert run('cpu', [37, 70, 2048, 2049, 5000], 3) > 0\n")
+
+
+def test_interpreted_executor_finish_matches_torch_path():
+    _interpret(_EXECUTOR)
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_matches_torch_sampler():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    ns: dict = {}
+    exec(compile(_CASES, "fused_sample_cases", "exec"), ns)
+    ns["edge_cases"]("cuda")
+    assert ns["run"]("cuda", [37, 2049, 49152, 151936], 6) > 0
+
+
+@pytest.mark.gpu
+def test_cuda_fused_kernel_in_a_captured_graph():
+    """Replaying a captured graph of the kernel gives the eager kernel's tokens (static buffers, new inputs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from gpu_engine.sample.bitmask import pack_bitmask
+    from gpu_engine.sample.fused_sample import sample_fused
+
+    b, v = 64, 49152
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(b, v, generator=gen).cuda()
+    words = pack_bitmask(torch.rand(b, v, generator=gen) < 0.2).cuda()
+    enabled = torch.ones(b, dtype=torch.bool, device="cuda")
+    temp = torch.full((b,), 0.8, device="cuda")
+    seed = torch.arange(b, dtype=torch.int64, device="cuda")
+    pos = torch.zeros(b, dtype=torch.int64, device="cuda")
+    out = torch.zeros(2, b, dtype=torch.int64, device="cuda")
+    sample_fused(logits, temp, seed, pos, words, enabled, out=(out[0], out[1]))  # compile outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sample_fused(logits, temp, seed, pos, words, enabled, out=(out[0], out[1]))
+    for step in range(3):
+        logits.copy_(torch.randn(b, v, generator=gen).cuda())
+        pos.fill_(step)
+        g.replay()
+        torch.cuda.synchronize()
+        want = sample_fused(logits, temp, seed, pos, words, enabled)
+        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1].long())
