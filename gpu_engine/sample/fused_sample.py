@@ -53,7 +53,7 @@ def _kernel():
         neg_inf = float("-inf")
         lrow = logits_ptr + row * LOGITS_STRIDE
         if HAS_ENABLED:
-            off = tl.load(enabled_ptr + row).to(tl.int32) == 0  # an unconstrained row: its words are ignored
+            off = tl.load(enabled_ptr + row).to(tl.int64) == 0  # an unconstrained row: its words are ignored
         else:
             off = tl.full([], 0, tl.int32) != 0
         # pass 1: error flags, the legal maximum and its first index
@@ -146,6 +146,8 @@ def sample_fused(
         logits: ``[B, V]`` float32 / bfloat16 / float16 with unit stride along ``V``.
         temperature: ``[B]`` float32; ``<= 0`` ⇒ greedy (the legal argmax, ties to the smaller id).
         seed, positions: ``[B]`` int64 (positions: output position of the token being decided).
+            Every per-row tensor (these, ``temperature``, ``enabled``, a tensor ``purpose`` and ``out``) must
+            be contiguous.
         words: ``[B, W]`` int32 packed bitmask (unit stride along ``W``, ``W >= ceil(V / 32)``), or
             ``None`` for an unmasked batch.
         enabled: ``[B]`` bool or integer: rows whose mask applies (``None`` = every row when ``words``
@@ -158,19 +160,33 @@ def sample_fused(
         :mod:`gpu_engine.sample.sampler`.
 
     Raises:
-        ValueError: a shape or stride the kernel does not handle.
+        ValueError: a shape, dtype, stride or device the kernel does not handle (every per-row tensor
+            must be a contiguous ``[B]`` of the dtype above, on the logits' device; ``V >= 1``).
     """
+    if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(-1) != 1:
+        raise ValueError(f"sample_fused needs [B, V > 0] logits with unit stride along V, got {tuple(logits.shape)} "
+                         f"strides {logits.stride()}")
     b, v = logits.shape
-    if logits.stride(-1) != 1:
-        raise ValueError("sample_fused needs logits with unit stride along the vocabulary")
     dev = logits.device
-    if words is not None and (words.dtype != torch.int32 or words.stride(-1) != 1
+    if words is not None and (words.dim() != 2 or words.dtype != torch.int32 or words.stride(-1) != 1
                               or words.shape[0] != b or words.shape[-1] * 32 < v):
         raise ValueError(f"sample_fused words must be [B, >= ceil(V/32)] int32 with unit stride, got "
                          f"{tuple(words.shape)} {words.dtype}")
     if out is None:
         out = (torch.empty(b, dtype=torch.int64, device=dev), torch.empty(b, dtype=torch.int32, device=dev))
     tok, err = out
+    # the kernel reads and writes element ``row`` of each per-row tensor at ``ptr + row``
+    checks = {"temperature": (temperature, (torch.float32,)), "seed": (seed, (torch.int64,)),
+              "positions": (positions, (torch.int64,)), "out tokens": (tok, (torch.int64,)),
+              "out errors": (err, (torch.int32, torch.int64))}
+    if enabled is not None:
+        checks["enabled"] = (enabled, (torch.bool, torch.int32, torch.int64))
+    if isinstance(purpose, torch.Tensor):
+        checks["purpose"] = (purpose, (torch.int64,))
+    for name, (t, dtypes) in checks.items():
+        if t.shape != (b,) or t.dtype not in dtypes or (b > 1 and t.stride(0) != 1) or t.device != dev:
+            raise ValueError(f"sample_fused {name} must be a contiguous [{b}] {' / '.join(map(str, dtypes))} tensor "
+                             f"on {dev}, got {tuple(t.shape)} {t.dtype} strides {t.stride()} on {t.device}")
     if b == 0:
         return tok, err
     per_row = isinstance(purpose, torch.Tensor)

@@ -108,6 +108,13 @@ _CASES = textwrap.dedent("""
         out = torch.full((2, b), 99, dtype=torch.int64, device=dev)
         sample_fused(logits, temp, seed, pos, words, enabled, out=(out[0], out[1]))
         assert out[0].cpu().tolist() == tok.tolist() and out[1].cpu().tolist() == err.long().tolist()
+        # an integer `enabled` is tested at full width (2**32 is enabled, not 0)
+        wide = enabled.long() * (1 << 32)
+        st = SamplingTensors.make(b, temperature=temp.tolist(), seed=seed.tolist(), device=logits.device)
+        st.use_filters = False
+        want = sample(logits, st, words, wide != 0, pos)
+        got = sample_fused(logits, temp, seed, pos, words, wide)
+        assert torch.equal(got[0].cpu(), want[0].cpu()) and torch.equal(got[1].cpu().long(), want[1].cpu().long())
         # an empty batch launches nothing
         t0, e0 = sample_fused(logits[:0], temp[:0], seed[:0], pos[:0])
         assert t0.numel() == 0 and e0.numel() == 0
@@ -176,6 +183,37 @@ def test_interpreted_kernel_matches_torch_sampler():
 
 def test_interpreted_executor_finish_matches_torch_path():
     _interpret(_EXECUTOR)
+
+
+def test_malformed_inputs_are_refused_before_launch():
+    """Per-row tensors the kernel would read as contiguous ``[B]`` of the right dtype (a strided view, a
+    0-dim purpose, int32 seeds, a short tensor) and degenerate shapes raise ValueError; nothing is launched."""
+    from gpu_engine.sample.fused_sample import sample_fused
+
+    b, v = 4, 100
+    logits = torch.randn(b, v)
+    temp, seed, pos = torch.ones(b), torch.arange(b), torch.zeros(b, dtype=torch.int64)
+    wide = torch.ones(b, 2)
+    bad = [
+        dict(temperature=wide[:, 0]),                                  # strided view
+        dict(temperature=temp.double()),
+        dict(seed=seed.int()),                                         # int32 seeds
+        dict(positions=pos[:3]),                                       # short
+        dict(purpose=torch.tensor(0)),                                 # 0-dim purpose tensor
+        dict(purpose=torch.zeros(2 * b, dtype=torch.int64)[::2]),      # strided purpose
+        dict(enabled=torch.ones(b, dtype=torch.float32)),
+        dict(words=torch.zeros(b, 3, dtype=torch.int32)),              # too few words for V
+        dict(words=torch.zeros(b, 4, dtype=torch.int64)),
+        dict(out=(torch.zeros(b, dtype=torch.int64), torch.zeros(2 * b, dtype=torch.int64)[::2])),
+        dict(logits=torch.randn(b, 0)),                                # V = 0
+        dict(logits=torch.randn(v, b).t()),                            # not unit stride along V
+        dict(logits=torch.randn(b, 2, v)),
+    ]
+    for kw in bad:
+        args = dict(logits=logits, temperature=temp, seed=seed, positions=pos)
+        args.update(kw)
+        with pytest.raises(ValueError, match="sample_fused"):
+            sample_fused(**args)
 
 
 @pytest.mark.gpu
