@@ -153,29 +153,27 @@ class GraphPhases:
     def _finish_phase(self, b: int, masked: bool, filters: bool) -> None:
         """Finish of bucket ``b``: mask + sampling of ``logits[:b]`` → ``_out[:, :b]``."""
         lanes = self._i64[_FIN_LANES, :b]
+        temperature = self._lane_f32[0].index_select(0, lanes)
+        seed = self._lane_i64[1].index_select(0, lanes)
+        positions = self._i64[_FIN_POS, :b]
+        words = enabled = None
+        if masked:
+            words = self.words[:, 0].index_select(0, lanes)  # [b, W] int32
+            enabled = self._i64[_FIN_ENABLED, :b]           # [b] int64, 0 / 1
         if self.fused_sample and not filters:
-            words = enabled = None
-            if masked:
-                words = self.words[:, 0].index_select(0, lanes)  # [b, W] int32
-                enabled = self._i64[_FIN_ENABLED, :b]
-            sample_fused(self.logits[:b], self._lane_f32[0].index_select(0, lanes),
-                         self._lane_i64[1].index_select(0, lanes), self._i64[_FIN_POS, :b], words, enabled,
+            sample_fused(self.logits[:b], temperature, seed, positions, words, enabled,
                          out=(self._out[0, :b], self._out[1, :b]))
             return
         kw = dict(
-            temperature=self._lane_f32[0].index_select(0, lanes),
+            temperature=temperature,
             top_k=self._lane_i64[0].index_select(0, lanes).to(torch.int32),
             top_p=self._lane_f32[1].index_select(0, lanes),
             min_p=self._lane_f32[2].index_select(0, lanes),
             presence_penalty=self._zeros_f32[:b], frequency_penalty=self._zeros_f32[:b],
             repetition_penalty=self._ones_f32[:b],
-            seed=self._lane_i64[1].index_select(0, lanes), output_counts=None, use_filters=filters)
+            seed=seed, output_counts=None, use_filters=filters)
         st = SamplingTensors(**{k: v for k, v in kw.items() if k in _SAMPLING_FIELDS})
-        words = enabled = None
-        if masked:
-            words = self.words[:, 0].index_select(0, lanes)  # [b, W] int32
-            enabled = self._i64[_FIN_ENABLED, :b] != 0
-        tok, err = sample(self.logits[:b], st, words, enabled, self._i64[_FIN_POS, :b])
+        tok, err = sample(self.logits[:b], st, words, None if enabled is None else enabled != 0, positions)
         self._out[0, :b].copy_(tok)
         self._out[1, :b].copy_(err)
 
