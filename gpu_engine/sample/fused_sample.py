@@ -38,6 +38,7 @@ __all__ = ["sample_fused", "BLOCK_V"]
 #: Tokens per loop iteration of a row's program (a power of two).
 BLOCK_V = 2048
 
+
 @functools.cache
 def _kernel():
     import triton
@@ -45,7 +46,7 @@ def _kernel():
 
     @triton.jit
     def _sample_row(logits_ptr, words_ptr, enabled_ptr, temp_ptr, seed_ptr, pos_ptr, purpose_ptr,
-                    tok_ptr, err_ptr, V, W, LOGITS_STRIDE, WORDS_STRIDE, PURPOSE,
+                    tok_ptr, err_ptr, V, LOGITS_STRIDE, WORDS_STRIDE, PURPOSE,
                     MASKED: tl.constexpr, HAS_ENABLED: tl.constexpr, PURPOSE_PER_ROW: tl.constexpr,
                     BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -194,7 +195,7 @@ def sample_fused(
     _kernel()[(b,)](
         logits, words if words is not None else dummy, enabled if enabled is not None else dummy,
         temperature, seed, positions, purpose if per_row else dummy, tok, err,
-        v, words.shape[-1] if words is not None else 0, logits.stride(0),
+        v, logits.stride(0),
         words.stride(0) if words is not None else 0, 0 if per_row else int(purpose),
         MASKED=words is not None, HAS_ENABLED=enabled is not None, PURPOSE_PER_ROW=per_row, BLOCK=BLOCK_V,
         num_warps=8,
