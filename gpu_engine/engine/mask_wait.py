@@ -129,22 +129,21 @@ class MaskWait:
         self._closed(closing, by_id)
         if not constrained:
             return None, None, None
-        self.ring.check_slot(slot, seq)
-        # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the registered ring into
-        # the device bitmask, and with CUDA graphs the masked Finish right behind it (prog.stage_masks
-        # documents both): before the bookkeeping below, so the GPU samples meanwhile.
-        words, status, nbytes = self.program.stage_masks(self.ring, batch)
         self.stats.sidecar_wait_s += wait
         self.stats.per_step_wait_ms.append(wait * 1e3)
         self.metrics.sidecar_wait(wait)
         self.stats.constrained_steps += 1
+        self.ring.check_slot(slot, seq)
         for r in constrained:
             x = by_id.get(r.request_id)
-            if x is None or x.status is not RowStatus.OK:  # dropped before sampling (its draw is not used)
+            if x is None or x.status is not RowStatus.OK:
                 self._finish(r, "error", error=RowError(
                     "IntegrityError", (x.error if x else "row missing from the sidecar's answer")))
         # A dead end is not reported here: the slot's status byte says DEAD_END and the
         # sampler / verifier fail the row with ConstraintDeadEnd where the draw happens.
+        # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
+        # registered ring into the device bitmask (prog.stage_masks documents both).
+        words, status, nbytes = self.program.stage_masks(self.ring, batch)
         enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
         self.stats.mask_h2d_bytes += nbytes
         self.stats.add_phase("stage", tr, time.perf_counter())

@@ -120,7 +120,6 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._fwd_rows: list[Request] | None = None
         self._eager_step = False
         self._step_mask_bytes = 0
-        self._finish_launched = False  # stage_masks launched this step's masked Finish (sample only collects)
         self.batch_buckets = batch_buckets(L)
         self.context_buckets = context_buckets(self.model_seq_len, graph_context)
         self.timing = timing and self.is_cuda
@@ -236,7 +235,6 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         """
         self._fwd_rows = None
         self._step_mask_bytes = 0
-        self._finish_launched = False
         self._eager_step = self._needs_eager(batch)  # masks and sampling / verification eager
         if self._eager_step:
             if batch.speculative and self._spec_graph_fits(batch):
@@ -286,16 +284,10 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         return self.logits[:b].unsqueeze(1)
 
     def stage_masks(self, ring, batch: StepBatch):
-        """Start the upload of ring slot ``batch.slot``'s bitmasks (one async copy on the compute stream)
-        and, right behind it, the masked Finish of the forward's rows.
+        """Start the upload of ring slot ``batch.slot``'s bitmasks (one async copy on the compute stream).
 
         Copies lanes ``0..max(constrained lane)`` of the slot's ``[L, K+1, W]`` uint32
-        region from the registered ring into :attr:`words` with ``cudaMemcpyAsync``, then launches the
-        Finish graph (mask + sampling into ``_out``) when ``batch`` holds the forward's rows: the GPU
-        samples while the engine does the answer's row bookkeeping, and :meth:`sample` only waits for
-        the tokens. If the engine then drops rows (a row the sidecar failed), :meth:`sample` gathers the
-        kept rows and launches Finish again (Finish reads ``logits`` without writing it, so the first
-        launch changes nothing but ``_out``).
+        region from the registered ring into :attr:`words` with ``cudaMemcpyAsync``.
         Eager (speculative / penalised) steps use :meth:`Program.stage_masks`.
 
         Returns:
@@ -323,27 +315,12 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                     src = self._words_stage[:n]
                 self.words[:n].copy_(src, non_blocking=self.is_cuda)
         self._step_mask_bytes = nbytes
-        if self._same_rows(batch.rows):
-            self._launch_finish(batch.rows, masked=True)
-            self._finish_launched = True
         return RingMask(nbytes), None, nbytes
-
-    def _same_rows(self, rows: list[Request]) -> bool:
-        """``rows`` are the forward's rows, in order (the Finish inputs ``forward`` uploaded fit them)."""
-        fwd = self._fwd_rows
-        return fwd is not None and len(fwd) == len(rows) and all(x is y for x, y in zip(fwd, rows))
-
-    def _launch_finish(self, rows: list[Request], masked: bool) -> None:
-        """Launch the Finish graph of ``rows``' bucket (``logits[:b]`` → ``_out[:, :b]``)."""
-        filters = any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
-        bb = self._bucket_of(len(rows))
-        self._run(self._fin_graphs, (bb, masked, filters), lambda: self._finish_phase(bb, masked, filters))
 
     @torch.inference_mode()
     def sample(self, batch: StepBatch, logits: torch.Tensor, words, status: torch.Tensor | None,
                enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
-        """Launch Finish (unless :meth:`stage_masks` launched it for these rows), wait on the step's done
-        event, return per-row ``(tokens, error)``.
+        """Launch Finish, wait on the step's done event, return per-row ``(tokens, error)``.
 
         ``batch`` may be a :meth:`~gpu_engine.core.batch.StepBatch.select` of the forward's rows
         (rows failed by the sidecar are dropped by the engine); their logits are then gathered
@@ -356,11 +333,9 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         rows = batch.rows
         b = len(rows)
         fwd = self._fwd_rows
-        same = self._same_rows(rows)
-        launched, self._finish_launched = self._finish_launched and same, False
         self._fwd_rows = None
         masked = words is not None
-        if not same:
+        if len(fwd) != b or any(x is not y for x, y in zip(fwd, rows)):
             pos = {id(r): i for i, r in enumerate(fwd)}
             idx = torch.tensor([pos[id(r)] for r in rows], device=self.device)
             self.logits[:b].copy_(self.logits.index_select(0, idx))
@@ -370,8 +345,9 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._i64[_FIN_LANES:_MERGE].copy_(h_t[_FIN_LANES:_MERGE], non_blocking=self.is_cuda)
         if not masked:
             self._record("mask")
-        if not (launched and masked):  # else stage_masks launched this Finish already
-            self._launch_finish(rows, masked)
+        filters = any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
+        bb = self._bucket_of(b)
+        self._run(self._fin_graphs, (bb, masked, filters), lambda: self._finish_phase(bb, masked, filters))
         self._out_host[:, :b].copy_(self._out[:, :b], non_blocking=self.is_cuda)
         if self.is_cuda:
             done = self._events["done"]

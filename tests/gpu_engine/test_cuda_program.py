@@ -168,39 +168,3 @@ def test_cuda_program_matches_program(ring, schedule, use_graphs):
     prog = _compare("cuda", ring, SCHEDULES[schedule], drop_at=4, use_graphs=use_graphs)
     assert prog.registered_during_run and not prog.ring_registered  # close() unregistered it
     assert prog.step_timings and all(t.forward_ms >= 0 and t.gap_ms >= 0 for t in prog.step_timings)
-
-
-def test_stage_masks_launches_finish_once(ring):
-    """stage_masks launches the masked Finish of the forward's rows; sample then only collects (one Finish
-    per step), unless the engine dropped a row: then the kept rows' Finish runs again and wins."""
-    prog = CudaProgram(_model("cpu"), V, torch.device("cpu"), ring, use_graphs=False)
-    calls = []
-    finish = prog._finish_phase
-    prog._finish_phase = lambda *a: (calls.append(a), finish(*a))
-    gen = torch.Generator().manual_seed(5)
-    reqs = _requests(4, gen)
-    for lane, r in enumerate(reqs):
-        r.lane = lane
-    batch = build_step_batch(reqs, slot=0)
-    prog.forward(batch)
-    _write_masks(ring, 0, [r for r in reqs if r.constraint], gen)
-    words, status, _ = prog.stage_masks(ring, batch)
-    assert [c[1] for c in calls] == [True]  # masked Finish launched by stage_masks
-    enabled = torch.tensor([r.constraint is not None for r in reqs])
-    out = prog.sample(batch, prog.logits[:4].unsqueeze(1), words, status, enabled)
-    assert len(calls) == 1 and all(err is None for _, err in out)
-    for r, (toks, _) in zip(reqs, out):
-        assert not r.constraint or _allowed(ring, 0, r.lane, toks[0])
-        r.output_ids += toks
-    # next step: the sidecar fails row 1, the engine drops it between stage_masks and sample
-    batch = build_step_batch(reqs, slot=1)
-    logits = prog.forward(batch)
-    _write_masks(ring, 1, [r for r in reqs if r.constraint], gen)
-    words, status, _ = prog.stage_masks(ring, batch)
-    keep = [0, 2, 3]
-    sel = torch.tensor(keep)
-    words, status, enabled = select_mask_rows(words, status, torch.tensor([r.constraint is not None for r in reqs]), sel)
-    out = prog.sample(batch.select(keep), logits.index_select(0, sel), words, status, enabled)
-    assert len(calls) == 3 and calls[2][0] == prog._bucket_of(3)  # relaunched for the kept rows
-    for i, (toks, err) in zip(keep, out):
-        assert err is None and (not reqs[i].constraint or _allowed(ring, 1, reqs[i].lane, toks[0]))
