@@ -33,3 +33,22 @@ def test_readme_tables_are_regenerated_from_the_committed_json(tmp_path: Path) -
     regenerated = _blocks(copy.read_text())
     for name, body in have.items():
         assert regenerated.get(name) == body, f"README block {name} differs from its regenerated table"
+
+
+def test_newest_orders_by_the_recorded_date_not_the_mtime(tmp_path: Path, monkeypatch) -> None:
+    """A fresh clone gives results files arbitrary mtimes: the run's own date decides."""
+    import json
+    import os
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_tables
+
+    monkeypatch.setattr(readme_tables, "RESULTS", tmp_path)
+    for name, date in (("cpu_bench_b.json", "2026-12-01T02:36:36Z"), ("cpu_bench_a.json", "2026-12-01T17:46:57Z"),
+                       ("cpu_bench_c.json", None)):
+        (tmp_path / name).write_text(json.dumps({"date": date} if date else {}))
+        stamp = 1_000_000 if name == "cpu_bench_a.json" else 2_000_000  # the newest run has the oldest mtime
+        os.utime(tmp_path / name, (stamp, stamp))
+    assert readme_tables.newest("cpu_bench", prefer="cpu_bench_").name == "cpu_bench_a.json"
+    (tmp_path / "cpu_bench_d.json").write_text(json.dumps({"date": "2026-12-02T00:00:00Z"}))
+    assert readme_tables.newest("cpu_bench", prefer="cpu_bench_").name == "cpu_bench_d.json"

@@ -165,9 +165,20 @@ def forward_table(doc: dict) -> str:
     return "\n".join(out)
 
 
+def _run_date(path: Path) -> str:
+    """The run's own ``date`` (ISO 8601, sorts as text); ``""`` when the file has none. A file's mtime
+    is no order: a fresh clone gives every file the same one."""
+    try:
+        date = json.loads(path.read_text()).get("date")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return date if isinstance(date, str) else ""
+
+
 def newest(prefix: str, prefer: str = "cuda") -> Path | None:
-    """Newest ``bench/results/<prefix>*.json``, files whose name contains ``prefer`` first."""
-    files = sorted(RESULTS.glob(f"{prefix}*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    """Newest run among ``bench/results/<prefix>*.json`` by the date it records (then by name), files
+    whose name contains ``prefer`` first."""
+    files = sorted(RESULTS.glob(f"{prefix}*.json"), key=lambda p: (_run_date(p), p.name), reverse=True)
     pref = [p for p in files if prefer in p.name]
     return (pref or files or [None])[0]
 
