@@ -564,6 +564,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             step_transport=args.step_transport, finish=args.finish)
     if args.publish == "immediate":  # A/B of deferred publishing (gpu_engine.engine.output); default: the engine's
         engine.defer_publish = False
+    engine.send_after_launch = args.step_send == "after"  # A/B of the Step's place around the forward launch
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
@@ -571,6 +572,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
                step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
+               send_after_launch=engine.send_after_launch,
                fused_sample=getattr(engine.program, "fused_sample", False),
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
@@ -802,6 +804,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")
+    ap.add_argument("--step-send", choices=["before", "after"], default="before",
+                    help="a plain step's Step message before its forward launch (default) or right after it "
+                         "(Engine.send_after_launch; A/B runs)")
     ap.add_argument("--step-trace", action="store_true",
                     help="time every Step message's legs in both processes (step_trace_ms in the results)")
     ap.add_argument("--mask-soft-wait", type=float, default=None,
@@ -840,7 +845,7 @@ def main(argv=None) -> int:
         num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
         fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
-        step_transport=args.step_transport, publish=args.publish, finish=args.finish,
+        step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "

@@ -5,7 +5,8 @@ One worker thread runs :meth:`Engine.step` in a loop. A step:
 1. admits waiting requests into free lanes (prefill happens in the same step);
 2. for constrained rows, sends one ``Step`` message to the sidecar **before**
    the forward pass (it confirms last step's tokens and asks for this step's
-   bitmasks in ring slot ``seq % num_slots``); with early-exit drafts on CUDA (draft-ready
+   bitmasks in ring slot ``seq % num_slots``; with ``send_after_launch`` a step without drafts sends it
+   right after the forward launch instead); with early-exit drafts on CUDA (draft-ready
    overlap) the draft ids stay on the device: the forward is queued on them first, the host
    waits on the ids' ready event only, then sends the Step while the forward runs;
 3. runs the model forward (prefill rows batched under a token budget, decode rows batched);
@@ -110,6 +111,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         # Deferred publishing (gpu_engine.engine.output): on CUDA a step's Deltas go out during the next forward
         self.defer_publish = program.device.type == "cuda"
         self._outbox: list[Request] = []
+        # Step after launch: send a plain step's Step message right after its forward launch instead of
+        # before it (the GPU starts the forward sooner; the sidecar starts later). Off by default.
+        self.send_after_launch = False
         program.eos_ids = tuple(sorted(self.eos))  # speculative verify ends a row at an accepted EOS draft
 
     # -------------------------------------------------------------- lifecycle
@@ -310,6 +314,14 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             logits = prog.forward(batch)
             self._resolve_deferred(drafts, draft_q, deferred, dt)
             batch = batch.with_drafts(drafts, draft_q, device=prog.device)
+        elif self.send_after_launch and not drafts and (constrained or closing):
+            # Step after launch: the forward is queued first, the Step goes out while it runs (a sidecar
+            # found gone below leaves the rows of the forward as they are: masks off, parked rows dropped)
+            tp = now()
+            batch = build_step_batch(rows, drafts, draft_q, slot=slot, device=prog.device)
+            tp = st.add_phase("batch", tp, now())
+            logits = prog.forward(batch)
+            st.add_phase("forward", tp, now())
         tp = now()
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
         tp = st.add_phase("send", tp, now())

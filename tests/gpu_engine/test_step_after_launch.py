@@ -1,0 +1,92 @@
+"""Step after launch (``Engine.send_after_launch``): a plain step's Step message goes out right after its
+forward launch instead of before it. The rig of ``test_sidecar_replay`` (real Engine, real eager Program and
+CudaProgram phases, real mask ring, a DFA sidecar) checks the order of the two calls, that every request gets
+the same tokens either way (draws depend on seed and position only), and that a sidecar lost when the Step is
+sent, after the forward was launched, parks the constrained rows while the plain rows keep their draw."""
+from __future__ import annotations
+
+import pytest
+
+from gpu_engine.core.request import Request, SamplingOptions
+from gpu_engine.sidecar.client import SidecarUnavailable
+from gpu_engine.sidecar.supervisor import SidecarState
+
+from test_sidecar_replay import CrashingSidecar, _drive, _finish, _req, _settled, _valid, rig  # noqa: E402, F401
+
+
+def _plain(i: int, max_tokens: int) -> Request:
+    return Request(f"p{i}", [1, 2], max_tokens, SamplingOptions(seed=7 * i + 3, temperature=1.0))
+
+
+class SendFailingSidecar(CrashingSidecar):
+    """Sending the ``crash_at``-th Step fails: the sidecar died before it took the message, and comes back as a
+    new generation with no sessions."""
+
+    def __init__(self, ring, crash_at: int) -> None:
+        super().__init__(ring, 0)  # answers never fail
+        self.send_crash_at, self.sends = crash_at, 0
+
+    def send_step(self, seq, slot, rows, generation=None):
+        self.sends += 1
+        if self.sends == self.send_crash_at:
+            self.generation += 1
+            self.state = {}
+            self.supervisor.state = SidecarState.DOWN
+            raise SidecarUnavailable("Step stream broke (the sidecar is gone)")
+        super().send_step(seq, slot, rows, generation)
+
+
+def _run(rig, after: bool, executor: str, crash_at: int = 0, sidecar_cls=CrashingSidecar):
+    eng, sc = rig(crash_at, sidecar_cls, executor=executor)
+    sc.release.set()
+    eng.send_after_launch = after
+    reqs = [_req(i, max_tokens=12) for i in range(3)] + [_plain(i, 5 + 3 * i) for i in range(3)]
+    sc.state.update({r.request_id: 0 for r in reqs if r.constraint is not None})
+    for r in reqs:
+        eng.submit(r)
+    if crash_at:
+        _drive(eng, lambda: eng.num_parked == 3)
+        assert not any(r.finished for r in reqs if r.constraint is not None)
+        sc.supervisor.state = SidecarState.UP  # restarted
+    _drive(eng, lambda: _settled(eng, reqs))
+    for r in reqs:
+        assert _finish(r).error is None and r.output_ids
+        assert r.constraint is None or _valid(r)
+    return [r.output_ids for r in reqs], eng
+
+
+@pytest.mark.parametrize("executor", ["eager", "cuda-program"])
+def test_the_step_goes_out_after_the_forward_launch_only_when_asked(rig, executor):
+    for after in (False, True):
+        eng, sc = rig(0, executor=executor)
+        sc.release.set()
+        eng.send_after_launch = after
+        calls = []
+        forward, send = eng.program.forward, sc.send_step
+        eng.program.forward = lambda batch: (calls.append("forward"), forward(batch))[1]
+        sc.send_step = lambda *a, **k: (calls.append("send"), send(*a, **k))[1]
+        r = _req(0, max_tokens=12)
+        sc.state[r.request_id] = 0
+        eng.submit(r)
+        _drive(eng, lambda: _settled(eng, [r]))
+        pair = ["forward", "send"] if after else ["send", "forward"]
+        n = len(r.output_ids)
+        # every step of the row: the Step message and the forward, in that order; then the close-only Step
+        assert calls[:2 * n] == pair * n and calls[2 * n:] == ["send"], calls
+        assert _valid(r)
+
+
+@pytest.mark.parametrize("executor", ["eager", "cuda-program"])
+def test_the_tokens_do_not_depend_on_where_the_step_goes_out(rig, executor):
+    before, _ = _run(rig, False, executor)
+    after, eng = _run(rig, True, executor)
+    assert before == after
+    assert eng.stats.host_phase_s.get("forward", 0) > 0 and eng.stats.host_phase_s.get("send", 0) > 0
+
+
+@pytest.mark.parametrize("executor", ["eager", "cuda-program"])
+def test_a_sidecar_lost_after_the_launch_parks_the_constrained_rows(rig, executor):
+    ref, _ = _run(rig, False, executor)
+    got, eng = _run(rig, True, executor, crash_at=3, sidecar_cls=SendFailingSidecar)
+    assert eng.replays == 3
+    assert got == ref  # the plain rows kept their draws; the replayed rows decoded the same tokens
