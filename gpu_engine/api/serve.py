@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a step with constrained and unconstrained rows waits this long for the sidecar's masks, "
                          "then samples the unconstrained rows alone; the constrained ones get theirs when the "
                          "answer comes (or are parked past --sidecar-deadline). 0 = always wait; default 200")
+    ap.add_argument("--step-send", choices=["before", "after"], default="before",
+                    help="where a decode step sends its Step message to the sidecar: before its forward launch "
+                         "(default) or right after it. 'after' starts the forward sooner and the sidecar later: "
+                         "it pays only when the sidecar's Step work is well under the forward (a large model; "
+                         "README 'Step after launch')")
     ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",
                     help="past N sidecar restarts within 60 s, constrained requests fail with "
                          "ConstraintServiceUnavailable instead of waiting for it (default 5)")
@@ -157,7 +162,8 @@ def build_stack(args: argparse.Namespace):
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
     program.prefill_token_budget = max(1, args.prefill_token_budget)
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
-                    num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3)
+                    num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3,
+                    send_after_launch=args.step_send == "after")
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
 

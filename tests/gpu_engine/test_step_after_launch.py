@@ -90,3 +90,24 @@ def test_a_sidecar_lost_after_the_launch_parks_the_constrained_rows(rig, executo
     got, eng = _run(rig, True, executor, crash_at=3, sidecar_cls=SendFailingSidecar)
     assert eng.replays == 3
     assert got == ref  # the plain rows kept their draws; the replayed rows decoded the same tokens
+
+
+@pytest.mark.parametrize("flag, expected", [(None, False), ("before", False), ("after", True)])
+def test_serve_step_send_reaches_the_engine(flag, expected):
+    """``ninfer serve --step-send after`` turns it on (default: before); the stack is built, not started."""
+    import socket
+
+    from gpu_engine.api.serve import build_parser, build_stack
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["--port", str(port), "--device", "cpu", "--model", "qwen3-tiny-random", "--max-lanes", "2",
+            "--max-seq-len", "64"] + (["--step-send", flag] if flag else [])
+    engine, _, _ = build_stack(build_parser().parse_args(argv))
+    try:
+        assert engine.send_after_launch is expected
+    finally:
+        engine.program.close()
+        engine.ring.close()
+        engine.ring.unlink()
