@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "then samples the unconstrained rows alone; the constrained ones get theirs when the "
                          "answer comes (or are parked past --sidecar-deadline). 0 = always wait; default 200")
     ap.add_argument("--step-send", choices=["before", "after"], default="before",
-                    help="where a decode step sends its Step message to the sidecar: before its forward launch "
-                         "(default) or right after it. 'after' starts the forward sooner and the sidecar later: "
+                    help="where a step without drafts sends its Step message to the sidecar: before its forward "
+                         "launch (default) or right after it. 'after' starts the forward sooner and the sidecar later: "
                          "it pays only when the sidecar's Step work is well under the forward (a large model; "
                          "README 'Step after launch')")
     ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",

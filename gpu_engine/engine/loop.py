@@ -74,7 +74,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             before it samples the unconstrained rows alone (0: always wait; :mod:`gpu_engine.engine.mask_wait`).
         send_after_launch: a step without drafts sends its Step message right after its forward launch
             instead of before it (``serve --step-send after``): the GPU starts sooner, the sidecar later.
-            On the H200 it raised Qwen3-8B-shape JSON Schema decode at B = 64 by 4-6% and cut SmolLM2's by
+            On the H200 it raised Qwen3-8B-shape JSON Schema decode at B = 64 by 4-7% and cut SmolLM2's by
             up to 47% (the sidecar's Step work is longer than SmolLM2's forward); README "Step after launch".
     """
 

@@ -45,7 +45,15 @@ def _run(rig, after: bool, executor: str, crash_at: int = 0, sidecar_cls=Crashin
     for r in reqs:
         eng.submit(r)
     if crash_at:
-        _drive(eng, lambda: eng.num_parked == 3)
+        plain = [r for r in reqs if r.constraint is None]
+        for _ in range(200):  # step by step up to the step whose send fails
+            before = [len(r.output_ids) for r in plain]
+            eng.step()
+            if eng.num_parked:
+                break
+        assert eng.num_parked == 3 and sc.sends == crash_at
+        # the failed step still samples its plain rows (the forward was launched for them): one token each
+        assert [len(r.output_ids) for r in plain] == [n + 1 for n in before]
         assert not any(r.finished for r in reqs if r.constraint is not None)
         sc.supervisor.state = SidecarState.UP  # restarted
     _drive(eng, lambda: _settled(eng, reqs))
@@ -108,6 +116,38 @@ def test_serve_step_send_reaches_the_engine(flag, expected):
     try:
         assert engine.send_after_launch is expected
     finally:
+        engine.sidecar.stop()  # never started: removes its private socket directory
         engine.program.close()
         engine.ring.close()
         engine.ring.unlink()
+
+
+def test_a_step_with_drafts_keeps_the_step_before_its_forward(rig):
+    """Speculative steps keep their own order (the lookahead masks need the drafts): with host drafts the Step
+    goes out first even when send_after_launch is on."""
+    eng, sc = rig(0)
+    sc.release.set()
+    eng.send_after_launch = True
+    r = _req(0, max_tokens=12)
+    sc.state[r.request_id] = 0
+    eng.submit(r)
+    for _ in range(2):  # prefill, then a plain decode step: forward first
+        eng.step()
+    assert r.output_ids and not r.finished
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+    send = sc.send_step
+
+    def forward(batch):
+        calls.append("forward")
+        raise Stop  # the order is all this test needs
+
+    eng.program.forward = forward
+    sc.send_step = lambda *a, **k: (calls.append("send"), send(*a, **k))[1]
+    eng._propose_rows = lambda rows: ({rows[0].lane: [r.output_ids[-1]]}, {}, [])  # one host draft
+    with pytest.raises(Stop):
+        eng.step()
+    assert calls == ["send", "forward"]
