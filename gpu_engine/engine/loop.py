@@ -319,14 +319,10 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         elif self.send_after_launch and not drafts and (constrained or closing):
             # Step after launch: the forward is queued first, the Step goes out while it runs (a sidecar
             # found gone below leaves the rows of the forward as they are: masks off, parked rows dropped)
-            tp = now()
-            batch = build_step_batch(rows, drafts, draft_q, slot=slot, device=prog.device)
-            tp = st.add_phase("batch", tp, now())
-            logits = prog.forward(batch)
-            st.add_phase("forward", tp, now())
+            batch, logits = self._launch_forward(rows, drafts, draft_q, slot)
         tp = now()
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
-        tp = st.add_phase("send", tp, now())
+        st.add_phase("send", tp, now())
         if not sent:
             constrained = []
             if logits is None:  # else the forward already ran for all rows; finished / parked rows drop below
@@ -337,10 +333,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             else:
                 batch = batch.without_masks()
         if logits is None:  # the sidecar computes masks meanwhile
-            batch = build_step_batch(rows, drafts, draft_q, slot=slot if sent else NO_SLOT, device=prog.device)
-            tp = st.add_phase("batch", tp, now())
-            logits = prog.forward(batch)  # [B, T, V] float32, T = 1 + max drafts
-            tp = st.add_phase("forward", tp, now())
+            batch, logits = self._launch_forward(rows, drafts, draft_q, slot if sent else NO_SLOT)
         self._flush_outbox()  # last step's Deltas, while the GPU runs the forward (gpu_engine.engine.output)
         words = status = enabled = None
         if sent:  # masks: wait only now (for a soft budget only when unconstrained rows ride along)
@@ -350,6 +343,17 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             else:
                 words, status, enabled = got
         self._sample_commit(rows, batch, logits, words, status, enabled, drafts)
+
+    def _launch_forward(self, rows: list[Request], drafts: dict[int, list[int]], draft_q, slot: int):
+        """Build the step's batch and launch its forward (host phases "batch" and "forward"):
+        ``(batch, logits [B, T, V] float32)``, T = 1 + max drafts."""
+        st, now = self.stats, time.perf_counter
+        tp = now()
+        batch = build_step_batch(rows, drafts, draft_q, slot=slot, device=self.program.device)
+        tp = st.add_phase("batch", tp, now())
+        logits = self.program.forward(batch)
+        st.add_phase("forward", tp, now())
+        return batch, logits
 
     def _sample_commit(self, rows: list[Request], batch: StepBatch, logits: torch.Tensor, words, status, enabled,
                        drafts: dict[int, list[int]]) -> None:

@@ -35,14 +35,20 @@ def _plain(i: int, max_tokens: int) -> Request:
     return Request(f"p{i}", [1, 2], max_tokens, SamplingOptions(seed=5 * i + 2, temperature=1.0))
 
 
-def _run(rig, defer: bool, executor: str):
-    eng, sc = rig(0, CrashingSidecar, executor=executor)
+def _submit_mixed(eng, sc) -> list[Request]:
+    """Submit three constrained requests (sessions open on ``sc``) and three plain ones of different budgets."""
     sc.release.set()
-    eng.defer_publish = defer
     reqs = [_req(i, max_tokens=12) for i in range(3)] + [_plain(i, 5 + 3 * i) for i in range(3)]
     sc.state.update({r.request_id: 0 for r in reqs if r.constraint is not None})
     for r in reqs:
         eng.submit(r)
+    return reqs
+
+
+def _run(rig, defer: bool, executor: str):
+    eng, sc = rig(0, CrashingSidecar, executor=executor)
+    eng.defer_publish = defer
+    reqs = _submit_mixed(eng, sc)
     _drive(eng, lambda: all(r.finished for r in reqs) and not eng._closing)
     return [(r.output_ids, [(type(e).__name__, getattr(e, "text", None), getattr(e, "token_ids", None),
                              getattr(e, "finish_reason", None)) for e in _events(r)]) for r in reqs], reqs

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_engine.core.request import Request, SamplingOptions
 from gpu_engine.sidecar.client import SidecarUnavailable
 from gpu_engine.sidecar.supervisor import SidecarState
 
+from test_deferred_publish import _submit_mixed  # noqa: E402
 from test_sidecar_replay import CrashingSidecar, _drive, _finish, _req, _settled, _valid, rig  # noqa: E402, F401
-
-
-def _plain(i: int, max_tokens: int) -> Request:
-    return Request(f"p{i}", [1, 2], max_tokens, SamplingOptions(seed=7 * i + 3, temperature=1.0))
 
 
 class SendFailingSidecar(CrashingSidecar):
@@ -38,12 +34,8 @@ class SendFailingSidecar(CrashingSidecar):
 
 def _run(rig, after: bool, executor: str, crash_at: int = 0, sidecar_cls=CrashingSidecar):
     eng, sc = rig(crash_at, sidecar_cls, executor=executor)
-    sc.release.set()
     eng.send_after_launch = after
-    reqs = [_req(i, max_tokens=12) for i in range(3)] + [_plain(i, 5 + 3 * i) for i in range(3)]
-    sc.state.update({r.request_id: 0 for r in reqs if r.constraint is not None})
-    for r in reqs:
-        eng.submit(r)
+    reqs = _submit_mixed(eng, sc)
     if crash_at:
         plain = [r for r in reqs if r.constraint is None]
         for _ in range(200):  # step by step up to the step whose send fails
