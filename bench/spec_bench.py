@@ -160,6 +160,8 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
         live[:] = [r for r in live if not r.finished]
         top_up()
     engine.stats = EngineStats()
+    timings = getattr(engine.program, "step_timings", None)
+    n_timings = len(timings) if timings is not None else 0
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
@@ -170,6 +172,8 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
         top_up()
     wall = time.perf_counter() - t0
     st = engine.stats
+    phases = {k: round(1e3 * v / max(st.steps, 1), 4) for k, v in sorted(st.host_phase_s.items())}
+    spec_gpu = _spec_gpu_ms(timings[n_timings:]) if timings is not None else None
     for r in live:
         r.cancel()
     while engine.num_active:
@@ -201,7 +205,21 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
         "gpu_idle_ms_p50": round(statistics.median(st.per_step_gpu_idle_ms), 3) if st.per_step_gpu_idle_ms else None,
         "gpu_idle_source": st.idle_source,
         "completion_tokens_per_request": [f.completion_tokens for f in fins],
+        # engine-thread host time per step by phase (EngineStats.host_phase_s), mean over the measured steps
+        "host_phase_ms_mean": phases,
+        # CUDA-event time of the speculative steps' phases (CudaProgram.step_timings), medians
+        "spec_gpu_ms": spec_gpu,
     }
+
+
+def _spec_gpu_ms(timings) -> dict | None:
+    """Medians (ms) of the speculative steps' CUDA-event phases: ``forward`` (target forward, graph or
+    eager) and ``verify`` (mask upload + verification + read-back); None when none were recorded."""
+    spec = [t for t in timings if getattr(t, "speculative", False)]
+    if not spec:
+        return None
+    return {"steps": len(spec), "forward_ms_p50": round(statistics.median(t.forward_ms for t in spec), 4),
+            "verify_ms_p50": round(statistics.median(t.finish_ms for t in spec), 4)}
 
 
 def _aggregate(reps: list[dict]) -> dict:
@@ -225,6 +243,8 @@ def run(args) -> dict:
 
     if args.device == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
+    if args.spec_graphs != "env":
+        os.environ["NINFER_SPEC_GRAPHS"] = args.spec_graphs  # read by make_program in build_stack
     max_lanes = max(args.batches)
     sargs = build_parser().parse_args([
         "--port", str(args.port), "--device", args.device, "--model", args.model, "--max-lanes", str(max_lanes),
@@ -286,7 +306,7 @@ def run(args) -> dict:
         "loop": "closed (constant concurrency B, finished requests replaced at once); tokens/s over the "
                 "measured steps; medians over repeats",
         "dtype": str(getattr(loaded.model, "dtype", "")), "defer_drafts": engine.defer_drafts,
-        "tag": args.tag or args.device,
+        "tag": args.tag or args.device, "spec_graphs": os.environ.get("NINFER_SPEC_GRAPHS", "on"),
         "notes": args.notes, "results": results,
     }
 
@@ -309,6 +329,15 @@ def table(doc: dict) -> str:
                      f"{f(r['draft_ready_wait_ms_per_spec_step'], '.3f'):>8} "
                      f"{f(r.get('draft_host_ms_per_spec_step'), '.1f'):>8} "
                      f"{f(r['sidecar_wait_ms_per_constrained_step'], '.2f'):>8}")
+    phased = [r for r in doc["results"] if r.get("host_phase_ms_mean")]
+    if phased:
+        names = list(dict.fromkeys(k for r in phased for k in r["host_phase_ms_mean"]))
+        head = f"{'host ms / step by phase':<26} {'workload':<11} {'B':>3} " + " ".join(f"{n:>8}" for n in names)
+        lines += ["", head, "-" * len(head)]
+        for r in phased:
+            ph = r["host_phase_ms_mean"]
+            lines.append(f"{r['label']:<26} {'json_schema' if r['constrained'] else 'none':<11} {r['batch']:>3} "
+                         + " ".join(f"{f(ph.get(n), '.3f'):>8}" for n in names))
     return "\n".join(lines)
 
 
@@ -369,6 +398,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="", help="names the result files (spec_<tag>.json; default: --device)")
     ap.add_argument("--defer-drafts", choices=["auto", "on", "off"], default="auto",
                     help="early-exit draft-ready overlap (device-side ids + ready event); auto = on with CUDA")
+    ap.add_argument("--spec-graphs", choices=["env", "off", "on"], default="env",
+                    help="CUDA: speculative steps through CUDA graphs (sets NINFER_SPEC_GRAPHS; env = as set)")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--plot", metavar="JSON", help="only print the table and plot saved results")
     ap.add_argument("--steps", type=int, default=400, help="measured engine steps per configuration and repeat")

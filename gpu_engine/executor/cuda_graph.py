@@ -17,8 +17,9 @@ Padding rows repeat row 0's lane and token at the **scratch position**
 usable positions, so no real row ever writes or attends it); their outputs are ignored.
 Prompts longer than the largest prefill bucket take the eager chunked prefill.
 
-Eager fallbacks (same results, no graphs): speculative steps (drafts; with ``spec_graphs``
-only their masks and verification, the target forward replays a graph) and rows with
+Eager fallbacks (same results, no graphs): speculative steps without ``spec_graphs`` (with it,
+their target forward and their verification replay graphs, except where
+:meth:`GraphPhases._spec_verify_fits` says no: those verify eagerly) and rows with
 presence/frequency penalties (need per-step output counts). A speculative step with early-exit drafts keeps the draft ids
 on the device (draft-ready overlap, issue 6): drafting kernels → ``non_blocking`` D2H
 copy of the ids into pinned memory → cuda-python ready event → the eager target
@@ -42,11 +43,12 @@ from gpu_engine.executor.eager import Program, _row_error, _slot_of
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
     _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
     batch_buckets, context_buckets, prefill_graph_buckets)
-from gpu_engine.executor.graph_capture import GraphPhases
+from gpu_engine.executor.graph_capture import _SPEC_ENABLED, _SPEC_LANES, _SPEC_NDRAFTS, _SPEC_POS, MAX_EOS, GraphPhases
 from gpu_engine.executor.graph_prefill import GraphPrefill
 from gpu_engine.core.batch import StepBatch
 from gpu_engine.core.request import Request
 from gpu_engine.model.paged_attention import triton_available
+from gpu_engine.spec.step import verified_rows
 
 log = logging.getLogger("ninfer.cuda_program")
 
@@ -65,9 +67,9 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             (one per batch bucket, attention over ``max_seq_len`` positions).
         timing: record per-step CUDA-event timings into :attr:`step_timings`.
         prefill_graphs: prefill-graph bucket spec (:func:`prefill_graph_buckets`).
-        spec_graphs: run the target forward of speculative steps through graphs of width
-            ``K_ring + 1`` (the ring's positions; needs a ring with ``K_ring >= 1``), see
-            :mod:`gpu_engine.executor.graph_capture`; off: speculative forwards run eagerly.
+        spec_graphs: run speculative steps (target forward at width ``K_ring + 1``, the ring's
+            positions, and verification) through graphs (needs a ring with ``K_ring >= 1``), see
+            :mod:`gpu_engine.executor.graph_capture`; off: speculative steps run eagerly.
         fused_sample: Finish graphs without top-k / top-p / min-p sample with the one-kernel
             :func:`~gpu_engine.sample.fused_sample.sample_fused` (``None`` = when CUDA and Triton are there;
             ``False``: the torch :func:`~gpu_engine.sample.sampler.sample` everywhere, for A/B runs).
@@ -139,6 +141,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._pf_zero = torch.zeros(R, dtype=torch.int64, device=dev)
             self._pf_out = torch.zeros(R, V, dtype=torch.float32, device=dev)
         self._fwd_graphs: dict[tuple[int, int], tuple] = {}
+        self._eos_ids: tuple[int, ...] = ()
+        self.spec_finish_steps = 0  # speculative steps verified by the speculative Finish phase
         self._init_spec_graphs(P if spec_graphs else 0)  # static [L, K+1] speculative forward buffers
         self._fin_graphs: dict[tuple[int, bool, bool], tuple] = {}
         self._registration = None
@@ -157,6 +161,20 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 self._words_stage = torch.zeros(L, P, W, dtype=torch.int32, pin_memory=True)
             if self.use_graphs:
                 self._capture_all()
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """End-of-sequence ids (set by the engine); the speculative Finish graphs read them from a
+        static ``[MAX_EOS]`` int64 device buffer, written here (-1 padded)."""
+        return self._eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids) -> None:
+        self._eos_ids = tuple(int(i) for i in ids)
+        if self.spec_t and len(self._eos_ids) <= MAX_EOS:
+            host = torch.full((MAX_EOS,), -1, dtype=torch.int64)
+            host[: len(self._eos_ids)] = torch.tensor(self._eos_ids, dtype=torch.int64)
+            self._eos.copy_(host)
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -233,12 +251,18 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         behind the drafting kernels without a host sync) and penalised steps use the eager
         :meth:`Program.forward`; masks and verification then take the eager path too.
         """
-        self._fwd_rows = None
+        self._fwd_rows = self._spec_rows = None
         self._step_mask_bytes = 0
         self._eager_step = self._needs_eager(batch)  # masks and sampling / verification eager
         if self._eager_step:
             if batch.speculative and self._spec_graph_fits(batch):
-                return self._spec_forward(batch)  # [B, K_ring + 1, V] from the static buffer
+                self._record("start")
+                logits = self._spec_forward(batch)  # [B, K_ring + 1, V] from the static buffer
+                self._record("fwd")
+                if self._spec_verify_fits(batch):  # masks and verification: the speculative Finish phase
+                    self._spec_rows = batch.rows
+                    self._num_prefill = int(batch.prefill.sum())
+                return logits
             return super().forward(batch)
         rows = batch.rows
         self._record("start")
@@ -293,10 +317,14 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         Returns:
             ``(RingMask, None, nbytes)``.
 
+        A speculative step on the speculative Finish phase also copies the slot's ``[L, K+1]`` statuses
+        (same lanes) into :attr:`status`.
+
         Raises:
             ValueError: ``batch.slot`` is :data:`~gpu_engine.core.batch.NO_SLOT`.
         """
-        if self._eager_step or self._fwd_rows is None:
+        spec = self._spec_rows is not None and batch.draft_q is None and _same_rows(batch.rows, self._spec_rows)
+        if not spec and (self._eager_step or self._fwd_rows is None):
             return super().stage_masks(ring, batch)
         slot = _slot_of(batch)
         lanes = [r.lane for r in batch.rows if r.constraint is not None]
@@ -308,12 +336,17 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             if self._registration is not None:
                 self._cu.memcpy_h2d_async(self.words.data_ptr(), ring.buffer_address() + ring.slot_bitmask_offset(slot),
                                           nbytes, self._stream())
+                if spec:
+                    self._cu.memcpy_h2d_async(self.status.data_ptr(), ring.buffer_address()
+                                              + ring.slot_status_offset(slot), n * geo.num_positions, self._stream())
             else:
                 src = torch.from_numpy(ring.bitmask(slot)[:n].view(np.int32))
                 if self._words_stage is not None:
                     self._words_stage[:n].copy_(src)
                     src = self._words_stage[:n]
                 self.words[:n].copy_(src, non_blocking=self.is_cuda)
+                if spec:  # small: a synchronous copy from the (unregistered) ring
+                    self.status[:n].copy_(torch.from_numpy(ring.status(slot)[:n].copy()))
         self._step_mask_bytes = nbytes
         return RingMask(nbytes), None, nbytes
 
@@ -326,6 +359,16 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         (rows failed by the sidecar are dropped by the engine); their logits are then gathered
         eagerly first. ``words`` is the :class:`RingMask` from :meth:`stage_masks` or None (unmasked).
         """
+        if self._spec_rows is not None:
+            spec_rows, self._spec_rows = self._spec_rows, None
+            # same rows, their logits in the static buffer, one-hot drafts (deferred sampled drafts bring a q
+            # only now), masks staged on the device or none
+            if (batch.draft_q is None and _same_rows(batch.rows, spec_rows)
+                    and logits.data_ptr() == self.spec_logits.data_ptr()
+                    and (words is None or isinstance(words, RingMask))):
+                return self._spec_sample(batch, words is not None, enabled)
+            if isinstance(words, RingMask):  # rows dropped after the device staging: the slot again, on the host
+                words, status, _ = Program.stage_masks(self, self.ring, batch)
         if self._eager_step or self._fwd_rows is None:
             if isinstance(words, RingMask):  # cannot happen: stage_masks was eager too
                 raise RuntimeError("RingMask passed to an eager step")
@@ -366,3 +409,46 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 r.num_cached += 1
             out.append(([], _row_error(e)) if e else ([int(t)], None))
         return out
+
+    def _spec_sample(self, batch: StepBatch, masked: bool,
+                     enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+        """Launch the speculative Finish phase for ``batch`` (the rows of this step's speculative forward,
+        same order), wait on the done event, return per-row ``(tokens, error)`` as
+        :func:`gpu_engine.spec.step.verify_rows` does (``num_cached`` of decode rows grows by
+        ``1 + accepted drafts``)."""
+        rows = batch.rows
+        b = len(rows)
+        bb = self._bucket_of(b)
+        self._sync_lane_params(rows)
+        h = self._spec_in_host.numpy()
+        h[_SPEC_LANES, :b] = [r.lane for r in rows]
+        h[_SPEC_POS, :b] = [len(r.output_ids) for r in rows]
+        h[_SPEC_NDRAFTS, :b] = batch.num_drafts.numpy()
+        h[_SPEC_ENABLED, :b] = (enabled.numpy() if enabled is not None
+                                else [r.constraint is not None for r in rows]) if masked else 0
+        h[_SPEC_LANES, b:bb] = rows[0].lane
+        h[_SPEC_POS:, b:bb] = 0
+        self._spec_in.copy_(self._spec_in_host, non_blocking=self.is_cuda)
+        if not masked:
+            self._record("mask")
+        filters = any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
+        self._run(self._spec_fin_graphs, (bb, masked, filters), lambda: self._spec_finish_phase(bb, masked, filters))
+        self._spec_out_host[:b].copy_(self._spec_out[:b], non_blocking=self.is_cuda)
+        if self.is_cuda:
+            done = self._events["done"]
+            done.record(self._stream())
+            done.synchronize()
+        packed = self._spec_out_host[:b].tolist()
+        self.spec_finish_steps += 1
+        if self.timing:
+            ev = self._events
+            self.step_timings.append(StepTiming(
+                batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
+                gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
+                mask_bytes=self._step_mask_bytes, speculative=True))
+        return verified_rows(rows, packed)
+
+
+def _same_rows(a, b) -> bool:
+    """True when ``a`` and ``b`` hold the same Request objects in the same order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))

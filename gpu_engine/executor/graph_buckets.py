@@ -68,6 +68,7 @@ class StepTiming:
             (sidecar answer + bookkeeping). This is the **exposed wait**.
         finish_ms: mask copy + Finish + read-back copy.
         mask_bytes: bytes of the mask H2D copy (0 when unmasked).
+        speculative: a speculative step (Forward at width ``K_ring + 1``; Finish = verification).
     """
 
     batch: int
@@ -77,6 +78,7 @@ class StepTiming:
     gap_ms: float
     finish_ms: float
     mask_bytes: int
+    speculative: bool = False
 
 
 def batch_buckets(max_lanes: int) -> list[int]:

@@ -16,9 +16,16 @@ A decode step is two captured phases with the mask upload between them:
   ``T = K_ring + 1`` (only with ``spec_graphs``): static ``[L, T]`` ids (``[last token] + drafts``,
   0-padded; deferred device-side draft ids scattered in on the device before the launch) ->
   model forward -> ``spec_logits [L, T, V]``. Padding rows copy row 0 (same lane, ids and
-  positions: identical KV writes). Masks and verification of such a step stay eager
-  (:func:`gpu_engine.spec.step.verify_rows`). A step with a row whose ``num_cached + T`` passes
+  positions: identical KV writes). A step with a row whose ``num_cached + T`` passes
   ``max_seq_len``, or with more than ``K_ring`` drafts, takes the eager forward.
+* **Speculative Finish** graph per ``(batch bucket, masked, filters)`` (with ``spec_graphs``):
+  per-lane sampling parameters gathered by lane, the ``[L, T, W]`` lookahead bitmasks and ``[L, T]``
+  statuses (device copies of the ring slot, by lane; unconstrained rows UNCONSTRAINED), drafts from
+  ``_spec_ids[:, 1:]`` -> :func:`gpu_engine.spec.verify.verify` (rows without drafts are ordinary
+  sampling there, ``Purpose.SAMPLE``) -> ``[L, T + 3]`` int64
+  (tokens, count, accepted drafts, error code). Steps with a sparse ``q`` (sampled drafters),
+  presence / frequency penalties or more than :data:`MAX_EOS` end-of-sequence ids verify eagerly
+  (:func:`gpu_engine.spec.step.verify_rows`): same tokens.
 
 Prefill rows run between Forward and Finish through **prefill graphs**, one per
 ``(rows, padded prompt length)`` bucket, captured at start-up in the same memory pool:
@@ -34,6 +41,7 @@ import dataclasses
 import logging
 import time
 
+import numpy as np
 import torch
 
 from gpu_engine.cuda.transfer import to_device_async
@@ -41,9 +49,14 @@ from gpu_engine.executor.graph_buckets import _FIN_ENABLED, _FIN_LANES, _FIN_POS
 from gpu_engine.model.llama import context_bucket
 from gpu_engine.sample.fused_sample import sample_fused
 from gpu_engine.sample.sampler import SamplingTensors, sample
+from gpu_engine.spec.verify import STATUS_UNCONSTRAINED, verify
 
 log = logging.getLogger("ninfer.cuda_program")
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingTensors)}
+# rows of the speculative Finish phase's packed int64 inputs [_SPEC_NUM_I64, L]
+_SPEC_LANES, _SPEC_POS, _SPEC_NDRAFTS, _SPEC_ENABLED = range(4)
+_SPEC_NUM_I64 = 4
+MAX_EOS = 8  # end-of-sequence ids the speculative Finish graphs hold (more: eager verification)
 
 
 class GraphPhases:
@@ -66,14 +79,32 @@ class GraphPhases:
         self.spec_logits[:b].copy_(out)
 
     def _init_spec_graphs(self, spec_t: int) -> None:
-        """Static buffers of the speculative Forward phase at width ``spec_t`` (``K_ring + 1``; < 2 = off)."""
+        """Static buffers of the speculative Forward and Finish phases at width ``spec_t`` (``K_ring + 1``;
+        < 2 = off): ``_spec_ids [L, T]`` int64, ``spec_logits [L, T, V]`` float32, ``status [L, T]`` uint8
+        (device copy of a ring slot's statuses, by lane), ``_spec_in [4, L]`` int64 (lanes, output
+        positions, draft counts, enabled), ``_eos [MAX_EOS]`` int64 (-1 padded), ``_spec_out [L, T + 3]``
+        int64 (tokens, count, accepted drafts, error code)."""
         self.spec_t = spec_t if spec_t > 1 else 0
         self._spec_graphs: dict[tuple[int, int], tuple] = {}
+        self._spec_fin_graphs: dict[tuple[int, bool, bool], tuple] = {}
+        self._spec_rows = None  # rows of a speculative step whose verification takes the Finish phase
         if self.spec_t:
-            L, dev = self.max_lanes, self.device
-            self._spec_ids = torch.zeros(L, self.spec_t, dtype=torch.int64, device=dev)
-            self._spec_ids_host = torch.zeros(L, self.spec_t, dtype=torch.int64, pin_memory=self.is_cuda)
-            self.spec_logits = torch.zeros(L, self.spec_t, self.vocab_size, dtype=torch.float32, device=dev)
+            L, T, dev, pin = self.max_lanes, self.spec_t, self.device, self.is_cuda
+            self._spec_ids = torch.zeros(L, T, dtype=torch.int64, device=dev)
+            self._spec_ids_host = torch.zeros(L, T, dtype=torch.int64, pin_memory=pin)
+            self.spec_logits = torch.zeros(L, T, self.vocab_size, dtype=torch.float32, device=dev)
+            self.status = torch.zeros(L, T, dtype=torch.uint8, device=dev)
+            self._spec_in = torch.zeros(_SPEC_NUM_I64, L, dtype=torch.int64, device=dev)
+            self._spec_in_host = torch.zeros(_SPEC_NUM_I64, L, dtype=torch.int64, pin_memory=pin)
+            self._eos = torch.full((MAX_EOS,), -1, dtype=torch.int64, device=dev)
+            self._spec_out = torch.zeros(L, T + 3, dtype=torch.int64, device=dev)
+            self._spec_out_host = torch.zeros(L, T + 3, dtype=torch.int64, pin_memory=pin)
+
+    def _spec_verify_fits(self, batch) -> bool:
+        """True when the verification of ``batch`` (its forward took the speculative phase) can take the
+        speculative Finish phase: one-hot drafts, no presence / frequency penalties, the eos ids in ``_eos``."""
+        return (batch.draft_q is None and len(self.eos_ids) <= MAX_EOS
+                and not any(r.sampling.presence_penalty or r.sampling.frequency_penalty for r in batch.rows))
 
     def _spec_graph_fits(self, batch) -> bool:
         """True when ``batch`` (speculative) can take the speculative Forward phase."""
@@ -117,12 +148,16 @@ class GraphPhases:
             self._run(self._spec_graphs, (bd, ctx), lambda: self._spec_forward_phase(bd, ctx))
         if pre:
             pl = self._prefill_rows([rows[i] for i in pre])  # [np, V] float32
-            if nd:
-                out = torch.zeros(b, t, self.vocab_size, dtype=torch.float32, device=dev)
-                out.index_copy_(0, to_device_async(torch.tensor(dec), dev), self.spec_logits[:nd])
-                out[to_device_async(torch.tensor(pre), dev), 0] = pl
-                return out
-            return pl.unsqueeze(1)
+            if not nd:
+                return pl.unsqueeze(1)
+            # batch-row order in the static buffers (the Finish phase reads them): row i <- decode row
+            # dec.index(i); a prefill row takes any row's ids and its logits in column 0
+            src = np.zeros(b, dtype=np.int64)
+            src[dec] = np.arange(nd)
+            idx = to_device_async(torch.from_numpy(src), dev)
+            self.spec_logits[:b].copy_(self.spec_logits.index_select(0, idx))
+            self._spec_ids[:b].copy_(self._spec_ids.index_select(0, idx))
+            self.spec_logits[to_device_async(torch.tensor(pre), dev), 0] = pl
         return self.spec_logits[:b]
 
     def _scatter_deferred(self, batch, dec: list[int]) -> bool:
@@ -153,29 +188,53 @@ class GraphPhases:
     def _finish_phase(self, b: int, masked: bool, filters: bool) -> None:
         """Finish of bucket ``b``: mask + sampling of ``logits[:b]`` → ``_out[:, :b]``."""
         lanes = self._i64[_FIN_LANES, :b]
-        temperature = self._lane_f32[0].index_select(0, lanes)
-        seed = self._lane_i64[1].index_select(0, lanes)
         positions = self._i64[_FIN_POS, :b]
         words = enabled = None
         if masked:
             words = self.words[:, 0].index_select(0, lanes)  # [b, W] int32
             enabled = self._i64[_FIN_ENABLED, :b]           # [b] int64, 0 / 1
         if self.fused_sample and not filters:
-            sample_fused(self.logits[:b], temperature, seed, positions, words, enabled,
+            sample_fused(self.logits[:b], self._lane_f32[0].index_select(0, lanes),
+                         self._lane_i64[1].index_select(0, lanes), positions, words, enabled,
                          out=(self._out[0, :b], self._out[1, :b]))
             return
+        st = self._lane_sampling(lanes, b, filters)
+        tok, err = sample(self.logits[:b], st, words, None if enabled is None else enabled != 0, positions)
+        self._out[0, :b].copy_(tok)
+        self._out[1, :b].copy_(err)
+
+    def _lane_sampling(self, lanes: torch.Tensor, b: int, filters: bool) -> SamplingTensors:
+        """Sampling parameters of ``b`` rows gathered by lane (``lanes [b]`` int64) from the per-lane
+        buffers; no penalties (those steps run eagerly)."""
         kw = dict(
-            temperature=temperature,
+            temperature=self._lane_f32[0].index_select(0, lanes),
             top_k=self._lane_i64[0].index_select(0, lanes).to(torch.int32),
             top_p=self._lane_f32[1].index_select(0, lanes),
             min_p=self._lane_f32[2].index_select(0, lanes),
             presence_penalty=self._zeros_f32[:b], frequency_penalty=self._zeros_f32[:b],
             repetition_penalty=self._ones_f32[:b],
-            seed=seed, output_counts=None, use_filters=filters)
-        st = SamplingTensors(**{k: v for k, v in kw.items() if k in _SAMPLING_FIELDS})
-        tok, err = sample(self.logits[:b], st, words, None if enabled is None else enabled != 0, positions)
-        self._out[0, :b].copy_(tok)
-        self._out[1, :b].copy_(err)
+            seed=self._lane_i64[1].index_select(0, lanes), output_counts=None, use_filters=filters)
+        return SamplingTensors(**{k: v for k, v in kw.items() if k in _SAMPLING_FIELDS})
+
+    def _spec_finish_phase(self, b: int, masked: bool, filters: bool) -> None:
+        """Speculative Finish of bucket ``b``: verify ``spec_logits[:b]`` (``[b, T, V]``) against the drafts
+        in ``_spec_ids[:b, 1:]`` with the lookahead masks → ``_spec_out[:b]`` (``[b, T + 3]`` int64: tokens
+        ``-1`` padded, emitted count, accepted drafts, ``VERIFY_*`` code), as :func:`verify` defines them."""
+        x, t = self._spec_in, self.spec_t
+        lanes, positions, nd = x[_SPEC_LANES, :b], x[_SPEC_POS, :b], x[_SPEC_NDRAFTS, :b]
+        words = status = None
+        if masked:  # unconstrained rows UNCONSTRAINED; columns past a row's drafts (stale) are never read:
+            # verify decides at the draw column s <= num_drafts only
+            words = self.words.index_select(0, lanes)  # [b, T, W] int32
+            status = self.status.index_select(0, lanes).to(torch.int64)
+            status = torch.where(x[_SPEC_ENABLED, :b].unsqueeze(-1) != 0, status, STATUS_UNCONSTRAINED)
+        res = verify(self.spec_logits[:b], self._spec_ids[:b, 1:], self._lane_sampling(lanes, b, filters), words,
+                     status, None, nd, self._eos, positions)
+        out = self._spec_out
+        out[:b, :t].copy_(res.tokens)
+        out[:b, t].copy_(res.num_tokens)
+        out[:b, t + 1].copy_(res.num_accepted_drafts)
+        out[:b, t + 2].copy_(res.err)
 
     def _capture(self, fn) -> tuple:
         g = torch.cuda.CUDAGraph()
@@ -216,6 +275,12 @@ class GraphPhases:
                     with torch.cuda.stream(self._capture_stream):
                         fn()
                     self._spec_graphs[(b, ctx)] = self._capture(fn)
+                for masked in (True, False):
+                    for filters in (True, False):
+                        fn = lambda b=b, m=masked, f=filters: self._spec_finish_phase(b, m, f)  # noqa: E731
+                        with torch.cuda.stream(self._capture_stream):
+                            fn()
+                        self._spec_fin_graphs[(b, masked, filters)] = self._capture(fn)
         if self.prefill_rows_buckets:
             torch.cuda.synchronize(self.device)
             t0, m0 = time.perf_counter(), torch.cuda.memory_reserved(self.device)
@@ -231,7 +296,8 @@ class GraphPhases:
             self.prefill_graph_pool_bytes = torch.cuda.memory_reserved(self.device) - m0
         torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
         torch.cuda.synchronize(self.device)
-        log.info("captured %d speculative forward (T=%d) CUDA graphs", len(self._spec_graphs), self.spec_t)
+        log.info("captured %d speculative forward and %d speculative finish (T=%d) CUDA graphs",
+                 len(self._spec_graphs), len(self._spec_fin_graphs), self.spec_t)
         log.info("captured %d forward, %d finish and %d prefill CUDA graphs (batch buckets %s, context buckets %s, "
                  "prefill rows %s x lengths %s: %.2fs, +%.0f MiB reserved)",
                  len(self._fwd_graphs), len(self._fin_graphs), len(self._pf_graphs), self.batch_buckets,

@@ -37,7 +37,7 @@ from gpu_engine.spec.verify import (
     verify,
 )
 
-__all__ = ["verify_rows", "verify_error", "select_rows"]
+__all__ = ["verify_rows", "verified_rows", "verify_error", "select_rows"]
 
 
 def verify_error(code: int) -> RowError:
@@ -213,7 +213,26 @@ def _read_back(pending: list, codes: list[int], toks_out: list[list[int]], n_acc
             packed = torch.cat([tok, ntok.to(torch.int64).unsqueeze(1), nacc.to(torch.int64).unsqueeze(1),
                                 err.to(torch.int64).unsqueeze(1)], dim=1).cpu().tolist()
             for i, row in zip(idx, packed):
-                m, a, e = row[-3], row[-2], row[-1]
-                codes[i] = int(e)
-                toks_out[i] = [int(t) for t in row[:m]] if e == VERIFY_OK else []
-                n_acc[i] = int(a) if e == VERIFY_OK else 0
+                codes[i], toks_out[i], n_acc[i] = _unpack(row)
+
+
+def _unpack(row: list[int]) -> tuple[int, list[int], int]:
+    """``(code, tokens, accepted drafts)`` of one packed verify row ``[tokens (K+1, -1 padded) | count |
+    accepted | code]`` (an error row has no tokens and no accepted drafts)."""
+    m, a, e = row[-3], row[-2], row[-1]
+    if e != VERIFY_OK:
+        return int(e), [], 0
+    return VERIFY_OK, [int(t) for t in row[:m]], int(a)
+
+
+def verified_rows(rows, packed: list[list[int]]) -> list[tuple[list[int], RowError | None]]:
+    """Per row ``(tokens, error)`` from packed verify rows (``[B][K+2+...]``, see :func:`_unpack`; the graph
+    executor's speculative Finish writes them), as :func:`verify_rows` returns them; ``num_cached`` of decode
+    rows grows by ``1 + accepted drafts`` (input token + accepted drafts have valid KV; error rows by 1)."""
+    out = []
+    for r, row in zip(rows, packed):
+        code, toks, acc = _unpack(row)
+        if r.output_ids:
+            r.num_cached += 1 + acc
+        out.append(([], verify_error(code)) if code else (toks, None))
+    return out

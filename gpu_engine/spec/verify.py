@@ -38,7 +38,10 @@ DESIGN.md "Speculative"):
 Randomness (``gpu_engine.sample.rng``): the accept test of verify column ``i`` uses
 ``Purpose.SPEC_ACCEPT`` at output position ``positions + i``; the final draw
 uses ``Purpose.SPEC_RESIDUAL`` (after a rejection) or ``Purpose.BONUS`` at the
-output position of the emitted token.
+output position of the emitted token. A row with no drafts (``num_drafts == 0``)
+is ordinary sampling: its draw uses ``Purpose.SAMPLE``, exactly as
+:func:`gpu_engine.sample.sampler.sample` would, so one verify call can serve every
+row of a speculative step (the graph executor's speculative Finish does).
 
 All tensor code, static shapes, no host syncs: CUDA-graph friendly on any device.
 """
@@ -148,7 +151,8 @@ def verify(
         draft_q: ``None`` for one-hot proposals, or ``(q_ids [B, K, S] int64,
             q_probs [B, K, S] float)``: the sparse proposal distribution of each
             draft (renormalised over its ``S`` candidates; ids ``< 0`` = padding).
-        num_drafts: ``[B]`` int32, drafts actually proposed per row (``0..K``).
+        num_drafts: ``[B]`` int32, drafts actually proposed per row (``0..K``; 0 = ordinary sampling of
+            column 0 with ``Purpose.SAMPLE``).
         eos_ids: ``[E]`` int64 end-of-sequence ids (``E`` may be 0).
         positions: ``[B]`` int64 output position of the first verified token.
 
@@ -173,6 +177,7 @@ def verify(
     rejected = s < num_drafts
     weights = _draw_weights(p, s, rejected, drafts, q)
     purpose = torch.where(rejected, int(Purpose.SPEC_RESIDUAL), int(Purpose.BONUS))
+    purpose = torch.where(num_drafts == 0, int(Purpose.SAMPLE), purpose)  # no drafts: ordinary sampling
     drawn = draw(weights, st.seed, positions + s, purpose)
 
     err = _draw_error(status, perr, s, eos_end)

@@ -42,7 +42,7 @@ class BigramModel:
 
     def __init__(self, table: torch.Tensor, max_lanes: int, max_seq_len: int = 64) -> None:
         self.table, self.max_lanes, self.max_seq_len = table, max_lanes, max_seq_len
-        self.device = torch.device("cpu")
+        self.device = table.device
 
     def forward(self, input_ids, lanes, start_pos, num_layers=None, max_context=None, last_only=False):
         out = self.table[input_ids]
@@ -189,13 +189,14 @@ def _engine(table, dfa, drafter, k, max_lanes=64, executor="eager"):
     vocab = TokenVocabulary(V, tuple(bytes([65 + i % 26]) for i in range(V)), frozenset({EOS}), (EOS,))
     ring = MaskRing.create(f"ninfer-test-spec-{os.getpid()}-{uuid.uuid4().hex[:8]}",
                            ring_geometry(max_lanes, k, V))
-    if executor == "spec-graphs":  # CudaProgram's static speculative forward phase, run eagerly on the CPU
+    dev = table.device
+    if executor.startswith("spec-graphs"):  # CudaProgram's static speculative phases (CPU: run uncaptured)
         from gpu_engine.executor.cuda_graph import CudaProgram
 
-        prog = CudaProgram(BigramModel(table, max_lanes), V, torch.device("cpu"), ring, use_graphs=False,
+        prog = CudaProgram(BigramModel(table, max_lanes), V, dev, ring, use_graphs=executor == "spec-graphs-cuda",
                            prefill_graphs="off", spec_graphs=True)
     else:
-        prog = Program(BigramModel(table, max_lanes), V, torch.device("cpu"))
+        prog = Program(BigramModel(table, max_lanes), V, dev)
     eng = Engine(prog, vocab, sidecar=FakeSidecar(ring, dfa), ring=ring, num_draft_tokens=k)
     eng._drafters["early-exit-sampled"] = drafter
     return eng
