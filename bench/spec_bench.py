@@ -162,9 +162,17 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
     engine.stats = EngineStats()
     timings = getattr(engine.program, "step_timings", None)
     n_timings = len(timings) if timings is not None else 0
+    by_kind = {"spec": {}, "plain": {}}  # host ms per phase summed over speculative / other steps
+    n_kind = {"spec": 0, "plain": 0}
     t0 = time.perf_counter()
     for _ in range(steps):
+        ph0, sp0 = dict(engine.stats.host_phase_s), engine.stats.spec_steps
         engine.step()
+        kind = "spec" if engine.stats.spec_steps > sp0 else "plain"
+        n_kind[kind] += 1
+        acc = by_kind[kind]
+        for name, v in engine.stats.host_phase_s.items():
+            acc[name] = acc.get(name, 0.0) + 1e3 * (v - ph0.get(name, 0.0))
         for r in live:
             if r.finished:
                 fins.append(_finish_of(r))
@@ -207,6 +215,10 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
         "completion_tokens_per_request": [f.completion_tokens for f in fins],
         # engine-thread host time per step by phase (EngineStats.host_phase_s), mean over the measured steps
         "host_phase_ms_mean": phases,
+        # the same, mean over the speculative steps (drafts proposed) and over the others
+        "host_phase_ms_by_kind": {kind: {"steps": n_kind[kind], **{p: round(v / n_kind[kind], 4)
+                                                                   for p, v in sorted(d.items())}}
+                                  for kind, d in by_kind.items() if n_kind[kind]},
         # CUDA-event time of the speculative steps' phases (CudaProgram.step_timings), medians
         "spec_gpu_ms": spec_gpu,
     }
@@ -335,9 +347,12 @@ def table(doc: dict) -> str:
         head = f"{'host ms / step by phase':<26} {'workload':<11} {'B':>3} " + " ".join(f"{n:>8}" for n in names)
         lines += ["", head, "-" * len(head)]
         for r in phased:
-            ph = r["host_phase_ms_mean"]
-            lines.append(f"{r['label']:<26} {'json_schema' if r['constrained'] else 'none':<11} {r['batch']:>3} "
-                         + " ".join(f"{f(ph.get(n), '.3f'):>8}" for n in names))
+            kinds = [("", r["host_phase_ms_mean"])] + [(f" ({k})", r["host_phase_ms_by_kind"][k])
+                                                       for k in ("spec", "plain")
+                                                       if r["method"] != "none" and k in r.get("host_phase_ms_by_kind", {})]
+            for suffix, ph in kinds:
+                lines.append(f"{(r['label'] + suffix):<26} {'json_schema' if r['constrained'] else 'none':<11} "
+                             f"{r['batch']:>3} " + " ".join(f"{f(ph.get(n), '.3f'):>8}" for n in names))
     return "\n".join(lines)
 
 

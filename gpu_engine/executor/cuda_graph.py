@@ -93,6 +93,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                  fused_sample: bool | None = None) -> None:
         super().__init__(model, vocab_size, device)
         self.is_cuda = self.device.type == "cuda"
+        self._device_index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) \
+            if self.is_cuda else -1
         self.use_graphs = bool(use_graphs and self.is_cuda)
         if fused_sample is None:  # default: on where the Triton kernel can run
             fused_sample = self.is_cuda and triton_available()

@@ -57,6 +57,7 @@ _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingTensors)}
 _SPEC_LANES, _SPEC_POS, _SPEC_NDRAFTS, _SPEC_ENABLED = range(4)
 _SPEC_NUM_I64 = 4
 MAX_EOS = 8  # end-of-sequence ids the speculative Finish graphs hold (more: eager verification)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device index -> cudaStream_t (int)
 
 
 class GraphPhases:
@@ -64,7 +65,14 @@ class GraphPhases:
 
     # ------------------------------------------------------------ phases
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream if self.is_cuda else 0
+        """The current CUDA stream's handle (``cudaStream_t`` as int; 0 on the CPU). Called several times per
+        step: torch's raw-stream getter (the one Inductor's generated code uses) skips the ``Stream`` object
+        that ``torch.cuda.current_stream`` builds under a device guard."""
+        if not self.is_cuda:
+            return 0
+        if _RAW_STREAM is not None:
+            return _RAW_STREAM(self._device_index)
+        return torch.cuda.current_stream(self.device).cuda_stream
 
     def _forward_phase(self, b: int, ctx: int) -> None:
         """Forward of bucket ``b`` at context ``ctx``: static inputs → ``logits[:b]``."""
@@ -128,20 +136,19 @@ class GraphPhases:
             drows = [rows[i] for i in dec]
             self.reserve(drows, t)  # the padded columns write KV too (overwritten before they are read)
             h = self._i64_host[0].numpy()
-            sel = torch.tensor(dec)
-            ids = self._spec_ids_host
-            ids[:nd, 0] = torch.tensor([r.output_ids[-1] for r in drows])
+            ids = self._spec_ids_host.numpy()  # host views of pinned buffers: no torch op per write
+            ids[:nd, 0] = [r.output_ids[-1] for r in drows]
             ids[:nd, 1:] = 0
             k = batch.max_drafts
             if k:
-                ids[:nd, 1: 1 + k] = batch.drafts.index_select(0, sel).clamp_min(0)  # -1 / deferred -> 0
+                ids[:nd, 1: 1 + k] = np.maximum(batch.drafts.numpy()[dec, :k], 0)  # -1 / deferred -> 0
             ids[nd:bd] = ids[0]
             h[_FWD_LANES, :nd] = [r.lane for r in drows]
             h[_FWD_POS, :nd] = [r.num_cached for r in drows]
             h[_FWD_LANES, nd:bd] = h[_FWD_LANES, 0]
             h[_FWD_POS, nd:bd] = h[_FWD_POS, 0]
             self._i64.copy_(self._i64_host[0], non_blocking=self.is_cuda)
-            self._spec_ids[:bd].copy_(ids[:bd], non_blocking=self.is_cuda)
+            self._spec_ids[:bd].copy_(self._spec_ids_host[:bd], non_blocking=self.is_cuda)
             if self._scatter_deferred(batch, dec) and bd > nd:  # padding rows copy row 0 with its drafts
                 self._spec_ids[nd:bd].copy_(self._spec_ids[:1].expand(bd - nd, -1))
             ctx = self._ctx_of(max(r.num_cached for r in drows) + t)

@@ -101,13 +101,18 @@ def ngram_propose(context: Sequence[int], k: int, max_n: int = 3, min_n: int = 1
     n_ctx = a.shape[0]
     if k <= 0 or n_ctx < 2:
         return []
+    # An occurrence of the n-gram suffix ending at e (e <= n_ctx - 2): a[e - i] == a[-1 - i], i < n. One
+    # vectorised pass finds the ends matching the last token; longer n-grams only filter those ends.
+    ends = np.flatnonzero(a[: n_ctx - 1] == a[-1])
     for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
-        suffix = a[n_ctx - n:]
-        windows = np.lib.stride_tricks.sliding_window_view(a[: n_ctx - 1], n)  # start j = 0 .. n_ctx-1-n
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.size:
-            j = int(hits[-1])
-            return a[j + n: j + n + k].tolist()
+        e = ends[ends >= n - 1]
+        for i in range(1, n):
+            if not e.size:
+                break
+            e = e[a[e - i] == a[n_ctx - 1 - i]]
+        if e.size:
+            last = int(e[-1]) + 1  # the continuation starts right after the most recent occurrence
+            return a[last: last + k].tolist()
     return []
 
 

@@ -168,3 +168,23 @@ def test_cuda_program_matches_program(ring, schedule, use_graphs):
     prog = _compare("cuda", ring, SCHEDULES[schedule], drop_at=4, use_graphs=use_graphs)
     assert prog.registered_during_run and not prog.ring_registered  # close() unregistered it
     assert prog.step_timings and all(t.forward_ms >= 0 and t.gap_ms >= 0 for t in prog.step_timings)
+
+
+@pytest.mark.gpu
+def test_stream_handle_is_the_current_stream(ring):
+    """``_stream()`` (torch's raw-stream getter) names the stream torch calls current: the default one,
+    and a side stream inside ``torch.cuda.stream``."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpu_engine.executor.graph_capture import _RAW_STREAM
+
+    prog = CudaProgram(_model("cuda"), V, torch.device("cuda"), ring, use_graphs=False)
+    try:
+        assert _RAW_STREAM is not None  # the CUDA build has it; else the slower path runs
+        assert prog._stream() == torch.cuda.current_stream().cuda_stream
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            assert prog._stream() == side.cuda_stream != 0
+        assert prog._stream() == torch.cuda.current_stream().cuda_stream
+    finally:
+        prog.close()

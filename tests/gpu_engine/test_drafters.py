@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_engine.spec.drafters import EarlyExitDrafter, NgramDrafter, ngram_propose
 from gpu_engine.spec.registry import make_drafter
@@ -27,6 +29,26 @@ from gpu_engine.core.request import Request, SamplingOptions
 ])
 def test_ngram_propose(context, k, expected):
     assert ngram_propose(context, k) == expected
+
+
+def _ngram_reference(context, k, max_n=3, min_n=1):
+    """The definition, by brute force: the most recent earlier occurrence of the longest suffix n-gram."""
+    n_ctx = len(context)
+    if k <= 0 or n_ctx < 2:
+        return []
+    for n in range(min(max_n, n_ctx - 1), min_n - 1, -1):
+        hits = [j for j in range(n_ctx - n) if context[j:j + n] == context[n_ctx - n:]]
+        if hits:
+            return context[hits[-1] + n: hits[-1] + n + k]
+    return []
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=40), st.integers(0, 6), st.integers(1, 4), st.integers(1, 4))
+def test_ngram_propose_matches_its_definition(context, k, max_n, min_n):
+    """Random contexts over a small alphabet (many repeats, overlapping runs): the vectorised search
+    returns what the brute-force definition returns."""
+    assert ngram_propose(context, k, max_n, min_n) == _ngram_reference(context, k, max_n, min_n)
 
 
 def test_ngram_drafter_uses_prompt_and_output():
