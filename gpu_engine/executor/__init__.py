@@ -38,9 +38,9 @@ def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
             buffers and phases, run eagerly).
 
     With a speculative ring (``K_ring >= 1``) speculative steps replay CUDA graphs too (``spec_graphs``:
-    the target forward and the verification; H200, SmolLM2, n-gram drafts on JSON at B = 1: 1.5 ms per
-    step instead of 6.0, ``bench/results/spec_graphs_ab_h200.json``). ``NINFER_SPEC_GRAPHS=off`` runs
-    them eagerly (default ``on``).
+    the target forward and the verification; H200, SmolLM2, n-gram drafts on JSON at B = 1: 1.6 ms per
+    speculative step instead of 8.0, ``bench/results/spec_graphs_ab_h200_{off,on}.json``).
+    ``NINFER_SPEC_GRAPHS=off`` runs them eagerly (default ``on``).
     """
     dev = loaded.model.device
     if dev.type == "cuda":
