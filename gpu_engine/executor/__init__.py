@@ -40,7 +40,7 @@ def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
     With a speculative ring (``K_ring >= 1``) speculative steps replay CUDA graphs too (``spec_graphs``:
     the target forward and the verification; H200, SmolLM2, n-gram drafts on JSON at B = 1: 1.6 ms per
     speculative step instead of 8.0, ``bench/results/spec_graphs_ab_h200_{off,on}.json``).
-    ``NINFER_SPEC_GRAPHS=off`` runs them eagerly (default ``on``).
+    ``NINFER_SPEC_GRAPHS=off`` (or ``0`` / ``false`` / ``no``) runs them eagerly (default ``on``).
     """
     dev = loaded.model.device
     if dev.type == "cuda":
@@ -48,7 +48,7 @@ def make_program(loaded, ring, cuda_graphs: str = "auto") -> Program:
 
         import os
 
-        spec = os.environ.get("NINFER_SPEC_GRAPHS", "on").strip().lower() not in ("off", "0")
+        spec = os.environ.get("NINFER_SPEC_GRAPHS", "on").strip().lower() not in ("off", "0", "false", "no")
         return CudaProgram(loaded.model, loaded.vocab.vocab_size, dev, ring, use_graphs=cuda_graphs != "off",
                            spec_graphs=spec and ring is not None and ring.geometry.num_positions > 1)
     return Program(loaded.model, loaded.vocab.vocab_size, dev)

@@ -363,8 +363,9 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         """
         if self._spec_rows is not None:
             spec_rows, self._spec_rows = self._spec_rows, None
-            # same rows, their logits in the static buffer, one-hot drafts (deferred sampled drafts bring a q
-            # only now), masks staged on the device or none
+            # same rows, their logits in the static buffer (a step whose rows were all deferred leaves
+            # _spec_rows set until a later sample of those rows: their logits are then a saved copy), one-hot
+            # drafts (deferred sampled drafts bring a q only now), masks staged on the device or none
             if (batch.draft_q is None and _same_rows(batch.rows, spec_rows)
                     and logits.data_ptr() == self.spec_logits.data_ptr()
                     and (words is None or isinstance(words, RingMask))):

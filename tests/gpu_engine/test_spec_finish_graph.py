@@ -69,11 +69,13 @@ def _drafter(table):
     return ListDrafter(fn)
 
 
-def _requests(n=24):
+def _requests(n=24, penalties=False):
     reqs = []
     for i in range(n):
         temp = (0.0, 0.7, 1.0)[i % 3]
         extra = {"top_k": 5} if i % 4 == 1 else {"top_p": 0.8} if i % 4 == 2 else {}
+        if penalties and i % 2 == 0:
+            extra.update(presence_penalty=1.5, frequency_penalty=0.7)
         reqs.append(_req(i, 3, 6 + i % 7, constrained=i % 3 != 2, method="ngram", temperature=temp, **extra))
     return reqs
 
@@ -96,17 +98,49 @@ class FailingSidecar(FakeSidecar):
         return results, work
 
 
-def _outcome(executor, device="cpu", victim=None, max_lanes=8):
+class SlowSidecar(FakeSidecar):
+    """The first timed poll of every Step answer finds nothing: the step's constrained rows are deferred
+    (the engine's pending step) and settled by a later step."""
+
+    def __init__(self, ring, dfa):
+        super().__init__(ring, dfa)
+        self.polled: set[int] = set()
+
+    def recv_step(self, seq, timeout=None):
+        if timeout is not None and seq not in self.polled:
+            self.polled.add(seq)
+            return None
+        return super().recv_step(seq, timeout)
+
+
+def _outcome(executor, device="cpu", victim=None, max_lanes=8, penalties=False, eos=(), slow=False):
+    """Run ``_requests()`` through an engine on ``executor``: per request (tokens, finish reason, error kind,
+    drafted, accepted), plus ``num_cached`` after every commit; and the engine. ``eos``: more end-of-sequence
+    ids; ``slow``: every Step answer is late once (deferred steps)."""
     table, dfa = _world()
     eng = _engine(table.to(device), dfa, _drafter(table), k=3, max_lanes=max_lanes, executor=executor)
     if victim is not None:
         eng.sidecar = FailingSidecar(eng.ring, dfa, victim, at=3)
+    if slow:
+        eng.sidecar = SlowSidecar(eng.ring, dfa)
+        eng.mask_soft_wait_s = 0.2
+    if eos:
+        eng.eos = frozenset(eng.eos | set(eos))
+        eng.program.eos_ids = tuple(sorted(eng.eos))
     eng._drafters["ngram"] = _drafter(table)
-    reqs = _requests()
+    cached = []
+    commit = eng._commit
+
+    def recording_commit(r, toks):  # the KV position bookkeeping, step by step
+        commit(r, toks)
+        cached.append((r.request_id, len(r.output_ids), r.num_cached))
+
+    eng._commit = recording_commit
+    reqs = _requests(penalties=penalties)
     fins = _run(eng, reqs)
     got = [(r.output_ids, f.finish_reason, None if f.error is None else str(f.error.kind), f.draft_tokens,
             f.accepted_draft_tokens) for r, f in zip(reqs, fins)]
-    return got, eng
+    return got + [cached], eng
 
 
 def test_speculative_finish_gives_the_eager_tokens():
@@ -116,9 +150,37 @@ def test_speculative_finish_gives_the_eager_tokens():
     prog = eng.program
     assert prog.spec_finish_steps >= 10  # verification really took the Finish phase
     assert eng.stats.spec_steps >= prog.spec_finish_steps
-    reasons = {r[1] for r in ref}
+    rows = ref[:-1]
+    reasons = {r[1] for r in rows}
     assert {"stop", "length", "error"} <= reasons  # EOS, budget and dead ends all happened
-    assert any(r[4] for r in ref) and any(r[3] > r[4] for r in ref)  # accepted and rejected drafts
+    assert any(r[4] for r in rows) and any(r[3] > r[4] for r in rows)  # accepted and rejected drafts
+
+
+@pytest.mark.parametrize("case", ["penalties", "9-eos", "8-eos"])
+def test_steps_the_graph_cannot_verify_take_the_eager_path(case):
+    """Presence / frequency penalties (per-position counts) and more end-of-sequence ids than the graph's
+    ``MAX_EOS`` buffer verify eagerly, with the eager executor's tokens; exactly ``MAX_EOS`` ids still take
+    the Finish phase."""
+    from gpu_engine.executor.graph_capture import MAX_EOS
+
+    kw = {"penalties": True} if case == "penalties" else {"eos": range(20, 20 + int(case[0]) - 1)}
+    ref, _ = _outcome("eager", **kw)
+    got, eng = _outcome("spec-graphs", **kw)
+    assert got == ref
+    assert eng.stats.spec_steps >= 5
+    if case == "8-eos":
+        assert len(eng.program.eos_ids) == MAX_EOS and eng.program.spec_finish_steps >= 5
+    else:
+        assert eng.program.spec_finish_steps == 0
+
+
+def test_deferred_steps_give_the_eager_tokens():
+    """Step answers that come late: the constrained rows wait as the pending step (verified eagerly when it
+    settles: its rows are a selection of the step's) while the unconstrained ones go on."""
+    ref, _ = _outcome("eager", slow=True)
+    got, eng = _outcome("spec-graphs", slow=True)
+    assert got == ref
+    assert eng.stats.mask_waits_deferred > 5 and eng.stats.spec_steps > 5
 
 
 def test_rows_failed_after_the_masks_were_staged_verify_eagerly():
