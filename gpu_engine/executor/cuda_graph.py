@@ -381,7 +381,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         fwd = self._fwd_rows
         self._fwd_rows = None
         masked = words is not None
-        if len(fwd) != b or any(x is not y for x, y in zip(fwd, rows)):
+        if not _same_rows(fwd, rows):
             pos = {id(r): i for i, r in enumerate(fwd)}
             idx = torch.tensor([pos[id(r)] for r in rows], device=self.device)
             self.logits[:b].copy_(self.logits.index_select(0, idx))
@@ -391,21 +391,12 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._i64[_FIN_LANES:_MERGE].copy_(h_t[_FIN_LANES:_MERGE], non_blocking=self.is_cuda)
         if not masked:
             self._record("mask")
-        filters = any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
+        filters = _uses_filters(rows)
         bb = self._bucket_of(b)
         self._run(self._fin_graphs, (bb, masked, filters), lambda: self._finish_phase(bb, masked, filters))
         self._out_host[:, :b].copy_(self._out[:, :b], non_blocking=self.is_cuda)
-        if self.is_cuda:
-            done = self._events["done"]
-            done.record(self._stream())
-            done.synchronize()
+        self._wait_done(b, masked)
         toks, errs = self._out_host[0, :b].tolist(), self._out_host[1, :b].tolist()
-        if self.timing:
-            ev = self._events
-            self.step_timings.append(StepTiming(
-                batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
-                gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
-                mask_bytes=self._step_mask_bytes))
         out = []
         for r, t, e in zip(rows, toks, errs):
             if r.output_ids:  # decode row: its input token is now in the KV cache
@@ -434,22 +425,31 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._spec_in.copy_(self._spec_in_host, non_blocking=self.is_cuda)
         if not masked:
             self._record("mask")
-        filters = any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
+        filters = _uses_filters(rows)
         self._run(self._spec_fin_graphs, (bb, masked, filters), lambda: self._spec_finish_phase(bb, masked, filters))
         self._spec_out_host[:b].copy_(self._spec_out[:b], non_blocking=self.is_cuda)
+        self._wait_done(b, masked, speculative=True)
+        self.spec_finish_steps += 1
+        return verified_rows(rows, self._spec_out_host[:b].tolist())
+
+    def _wait_done(self, b: int, masked: bool, speculative: bool = False) -> None:
+        """Record the step's done event behind the read-back copy and wait for it (CUDA), then append the
+        step's :class:`StepTiming` (events start / fwd / mask / done) when timing."""
         if self.is_cuda:
             done = self._events["done"]
             done.record(self._stream())
             done.synchronize()
-        packed = self._spec_out_host[:b].tolist()
-        self.spec_finish_steps += 1
         if self.timing:
             ev = self._events
             self.step_timings.append(StepTiming(
                 batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
                 gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
-                mask_bytes=self._step_mask_bytes, speculative=True))
-        return verified_rows(rows, packed)
+                mask_bytes=self._step_mask_bytes, speculative=speculative))
+
+
+def _uses_filters(rows) -> bool:
+    """True when a row uses top-k, top-p or min-p (the Finish graphs' ``filters`` variant)."""
+    return any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
 
 
 def _same_rows(a, b) -> bool:

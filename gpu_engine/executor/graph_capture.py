@@ -244,12 +244,22 @@ class GraphPhases:
         out[:b, t + 2].copy_(res.err)
 
     def _capture(self, fn) -> tuple:
+        """Run ``fn`` once on the capture stream (warm-up: cuBLAS handles, kernel selection, outside capture),
+        then capture it into a graph in the shared pool: ``(graph, cudaGraphExec_t or None)``."""
+        with torch.cuda.stream(self._capture_stream):
+            fn()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._pool, stream=self._capture_stream):
             fn()
         if self._pool is None:
             self._pool = g.pool()
         return g, self._cu.graph_exec_handle(g)
+
+    def _capture_finish(self, graphs: dict, phase, b: int) -> None:
+        """Capture ``phase(b, masked, filters)`` (a Finish phase) into ``graphs`` for every variant."""
+        for masked in (True, False):
+            for filters in (True, False):
+                graphs[(b, masked, filters)] = self._capture(lambda m=masked, f=filters: phase(b, m, f))
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -261,43 +271,24 @@ class GraphPhases:
         self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         for b in reversed(self.batch_buckets):
             for ctx in reversed(self.context_buckets):
-                fn = lambda b=b, ctx=ctx: self._forward_phase(b, ctx)  # noqa: E731
-                with torch.cuda.stream(self._capture_stream):
-                    fn()  # warm-up (cuBLAS handles, kernel selection) outside capture
-                self._fwd_graphs[(b, ctx)] = self._capture(fn)
-            for masked in (True, False):
-                for filters in (True, False):
-                    fn = lambda b=b, m=masked, f=filters: self._finish_phase(b, m, f)  # noqa: E731
-                    with torch.cuda.stream(self._capture_stream):
-                        fn()
-                    self._fin_graphs[(b, masked, filters)] = self._capture(fn)
+                self._fwd_graphs[(b, ctx)] = self._capture(lambda b=b, ctx=ctx: self._forward_phase(b, ctx))
+            self._capture_finish(self._fin_graphs, self._finish_phase, b)
         if self.spec_t:  # T positions from position 0 of lane 0 (nothing is resident at start-up)
             self._i64[_FWD_POS].zero_()
             self._spec_ids.zero_()
             for b in reversed(self.batch_buckets):
                 for ctx in self.context_buckets:
-                    if ctx < self.spec_t:
-                        continue
-                    fn = lambda b=b, ctx=ctx: self._spec_forward_phase(b, ctx)  # noqa: E731
-                    with torch.cuda.stream(self._capture_stream):
-                        fn()
-                    self._spec_graphs[(b, ctx)] = self._capture(fn)
-                for masked in (True, False):
-                    for filters in (True, False):
-                        fn = lambda b=b, m=masked, f=filters: self._spec_finish_phase(b, m, f)  # noqa: E731
-                        with torch.cuda.stream(self._capture_stream):
-                            fn()
-                        self._spec_fin_graphs[(b, masked, filters)] = self._capture(fn)
+                    if ctx >= self.spec_t:
+                        self._spec_graphs[(b, ctx)] = self._capture(
+                            lambda b=b, ctx=ctx: self._spec_forward_phase(b, ctx))
+                self._capture_finish(self._spec_fin_graphs, self._spec_finish_phase, b)
         if self.prefill_rows_buckets:
             torch.cuda.synchronize(self.device)
             t0, m0 = time.perf_counter(), torch.cuda.memory_reserved(self.device)
             self._pf_in.zero_()  # lane 0, ids 0, from position 0: nothing is resident at start-up
             for t in reversed(self.prefill_len_buckets):
                 for r in reversed(self.prefill_rows_buckets):
-                    fn = lambda r=r, t=t: self._prefill_phase(r, t)  # noqa: E731
-                    with torch.cuda.stream(self._capture_stream):
-                        fn()
-                    self._pf_graphs[(r, t)] = self._capture(fn)
+                    self._pf_graphs[(r, t)] = self._capture(lambda r=r, t=t: self._prefill_phase(r, t))
             torch.cuda.synchronize(self.device)
             self.prefill_graph_capture_s = time.perf_counter() - t0
             self.prefill_graph_pool_bytes = torch.cuda.memory_reserved(self.device) - m0
