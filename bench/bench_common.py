@@ -108,7 +108,8 @@ def fmt_spread(s: dict, fmt: str = "") -> str:
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}-{fmt.format(s['max'])}]"
 
 
-def _subset(rec: dict) -> str:
+def subset_of(rec: dict) -> str:
+    """A JSONSchemaBench record's subset (``Github_easy---o1234`` → ``Github_easy``)."""
     rid = rec.get("id", "")
     return rid.split("---")[0] if "---" in rid else (rid.split("_")[0] or "unknown")
 
@@ -135,7 +136,7 @@ def jsb_sample(n: int, seed: int = 0, path: Path = JSB_DEV, max_chars: int = 200
         recs = [json.loads(line) for line in f if line.strip()]
     by: dict[str, list[dict]] = {}
     for r in sorted(recs, key=lambda r: r.get("id", "")):
-        by.setdefault(_subset(r), []).append(r)
+        by.setdefault(subset_of(r), []).append(r)
     rng = random.Random(seed)
     for rs in by.values():
         rng.shuffle(rs)

@@ -16,8 +16,10 @@ sidecar subprocess and the shared-memory ring, as ``gpu_engine/api/serve.py``'s 
 them; requests go through ``GenerationServicer.build_request`` like real ones, with the per-request
 speculative override):
 
-* for each batch size B, each workload (``json_schema``: a JSON Schema for a list of records;
-  ``none``: the same prompts unconstrained) and each method (``none``, ``ngram``, ``early-exit``,
+* for each batch size B, each workload of ``--workloads`` (``json_schema``: a JSON Schema for a list of
+  records; ``none``: the same prompts unconstrained; ``json_schema_jsb``: ``--jsb`` JSONSchemaBench
+  MaskBench-dev schemas, round-robin across subsets, each request asking for an instance of one schema
+  with the schema in the prompt, as JSONSchemaBench prompts, and constrained by it) and each method (``none``, ``ngram``, ``early-exit``,
   ``early-exit-sampled``; early exit once per ``--draft-layers`` value, ``0`` = layers // 4), B requests
   kept in flight, closed loop (prompts cycled from :data:`PROMPTS`), greedy unless ``--temperature``;
 * reported per configuration: output tokens/s (tokens committed in the measured window / its wall
@@ -33,7 +35,8 @@ speculative override):
   Step message and the forward wait for it). ``draft_host_ms`` is the host time spent in the drafter
   call itself (queueing the kernels on CUDA).
 
-Everything the benchmark needs is in this file (prompts, schema); no data files. Results: JSON with
+Everything the benchmark needs is in this file (prompts, schema) except ``json_schema_jsb``'s dataset
+(``bench_common.JSB_DEV``; the ids used and skipped are stored with the results). Results: JSON with
 date, device, command line and git revision in ``bench/results/spec_<device>.json``, plots
 ``spec_<device>_tokens_per_s.png`` and ``spec_<device>_accept_len.png`` (``<device>`` = ``--tag`` when
 given, e.g. ``h200``), and a printed table. The revision is ``git rev-parse`` or, where the tree has no
@@ -56,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_common import fmt_spread, spread  # noqa: E402
+from bench_common import fmt_spread, spread, subset_of  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -89,15 +92,33 @@ def git_revision() -> str:
         return "unknown"
 
 
-def _message(prompt: str, constrained: bool, method: str, k: int, max_tokens: int, temperature: float, seed: int):
+#: JSONSchemaBench's generation prompt (the schema is in the prompt, as in that benchmark's own runs).
+JSB_PROMPT = "You need to generate a JSON object that matches the schema below.\n{schema}"
+WORKLOADS = ["none", "json_schema", "json_schema_jsb"]
+
+
+def _prompt_and_schema(workload: str, i: int, jsb: list[str]) -> tuple[str, str | None]:
+    """The ``i``-th request of a workload: its user prompt and its JSON Schema text (None: unconstrained).
+
+    ``none`` and ``json_schema`` cycle :data:`PROMPTS` (the latter constrained by :data:`SCHEMA`);
+    ``json_schema_jsb`` cycles the JSONSchemaBench sample ``jsb``, each schema both in the prompt
+    (:data:`JSB_PROMPT`) and as the constraint."""
+    if workload == "json_schema_jsb":
+        schema = jsb[i % len(jsb)]
+        return JSB_PROMPT.format(schema=schema), schema
+    return PROMPTS[i % len(PROMPTS)], (json.dumps(SCHEMA) if workload == "json_schema" else None)
+
+
+def _message(workload: str, i: int, jsb: list[str], method: str, k: int, max_tokens: int, temperature: float):
     from ninfer.v1 import generation_pb2 as pb
 
+    prompt, schema = _prompt_and_schema(workload, i, jsb)
     m = pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content=prompt)]),
                            max_tokens=max_tokens)
     m.sampling.temperature = temperature
-    m.sampling.seed = seed
-    if constrained:
-        m.constraint.json_schema = json.dumps(SCHEMA)
+    m.sampling.seed = 1000 + i
+    if schema is not None:
+        m.constraint.json_schema = schema
     m.speculative.method = {"none": pb.SPECULATIVE_METHOD_NONE, "ngram": pb.SPECULATIVE_METHOD_NGRAM,
                             "early-exit": pb.SPECULATIVE_METHOD_EARLY_EXIT,
                             "early-exit-sampled": pb.SPECULATIVE_METHOD_EARLY_EXIT_SAMPLED}[method]
@@ -114,18 +135,60 @@ def _wait(req):
             return ev
 
 
-def run_batch(engine, svc, *, b, constrained, method, k, max_tokens, temperature) -> dict:
-    """Warm-up: submit ``b`` requests at once and step the engine (driven in this thread) until all end."""
+def run_batch(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperature) -> list:
+    """Warm-up: submit ``b`` requests at once and step the engine (driven in this thread) until all end.
+
+    Returns each request's error (None where it finished without one), in submission order."""
     from gpu_engine.engine.loop import EngineStats
 
-    reqs = [svc.build_request(_message(PROMPTS[i % len(PROMPTS)], constrained, method, k, max_tokens, temperature,
-                                       1000 + i)) for i in range(b)]
+    reqs = [svc.build_request(_message(workload, i, jsb, method, k, max_tokens, temperature)) for i in range(b)]
     engine.stats = EngineStats()
     for r in reqs:
         engine.submit(r)
-    while not all(r.finished for r in reqs):
+    _run_until_published(engine, reqs)
+    return [_finish_of(r).error for r in reqs]
+
+
+def _run_until_published(engine, reqs) -> None:
+    """Step the engine until every request in ``reqs`` has its Finish event (a constrained request's
+    Finish follows its sidecar session close, on the Step message after it ended)."""
+    while not all(_finish_of(r) is not None for r in reqs):
         engine.step()
-    return {"batch": b, "errors": sum(1 for r in reqs if _finish_of(r) is None or _finish_of(r).error is not None)}
+
+
+def prepare_jsb(engine, svc, jsb: dict, *, n: int, max_tokens: int) -> dict:
+    """Keep the first ``n`` JSONSchemaBench schemas the stack serves here: the request is admitted (the
+    prompt, chat template applied, leaves ``max_tokens`` of room in the context; the sidecar compiles the
+    schema within its deadline) and, all of them run at once to the end, finishes without an error. This
+    also keeps cold compiles out of the measured steps. Mutates and returns ``jsb`` (``skipped`` gets the
+    reason per id)."""
+    from ninfer_common.errors import RequestError
+
+    admitted = []
+    for schema, sid in zip(jsb["schemas"], jsb["ids"]):
+        if len(admitted) == n:
+            break
+        try:
+            admitted.append((schema, sid, svc.build_request(
+                _message("json_schema_jsb", 0, [schema], "none", 0, max_tokens, 0.0))))
+        except RequestError as e:
+            jsb["skipped"][sid] = f"refused: {e.kind.name}: {str(e)[:160]}"
+    for *_, req in admitted:
+        engine.submit(req)
+    _run_until_published(engine, [req for *_, req in admitted])
+    keep = []
+    for schema, sid, req in admitted:
+        fin = _finish_of(req)
+        if fin.error is not None:
+            jsb["skipped"][sid] = f"failed: {fin.error}"[:200]
+        else:
+            keep.append((schema, sid))
+    jsb["schemas"], jsb["ids"] = [s for s, _ in keep], [i for _, i in keep]
+    jsb["subsets"] = {}
+    for sid in jsb["ids"]:
+        sub = subset_of({"id": sid})
+        jsb["subsets"][sub] = jsb["subsets"].get(sub, 0) + 1
+    return jsb
 
 
 def _finish_of(req):
@@ -136,21 +199,20 @@ def _finish_of(req):
         return next((ev for ev in req.events.queue if isinstance(ev, Finish)), None)
 
 
-def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperature, warm_steps, steps) -> dict:
+def run_closed(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperature, warm_steps, steps) -> dict:
     """Closed loop at constant concurrency ``b``: every finished request is replaced at once (same workload,
     next prompt and seed); the engine is stepped in this thread; after ``warm_steps`` steps, ``steps``
     steps are measured. tokens/s = committed tokens in the window / window wall time; engine stats
     (acceptance, waits) are those of the window."""
     from gpu_engine.engine.loop import EngineStats
 
-    live, fins, n = [], [], [0]
+    live, done, n = [], [], [0]  # in flight; finished in the measured window; requests made
 
     def top_up():
         while len(live) < b:
             i = n[0]
             n[0] += 1
-            r = svc.build_request(_message(PROMPTS[i % len(PROMPTS)], constrained, method, k, max_tokens,
-                                           temperature, 1000 + i))
+            r = svc.build_request(_message(workload, i, jsb, method, k, max_tokens, temperature))
             engine.submit(r)
             live.append(r)
 
@@ -173,9 +235,7 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
         acc = by_kind[kind]
         for name, v in engine.stats.host_phase_s.items():
             acc[name] = acc.get(name, 0.0) + 1e3 * (v - ph0.get(name, 0.0))
-        for r in live:
-            if r.finished:
-                fins.append(_finish_of(r))
+        done.extend(r for r in live if r.finished)
         live[:] = [r for r in live if not r.finished]
         top_up()
     wall = time.perf_counter() - t0
@@ -184,13 +244,12 @@ def run_closed(engine, svc, *, b, constrained, method, k, max_tokens, temperatur
     spec_gpu = _spec_gpu_ms(timings[n_timings:]) if timings is not None else None
     for r in live:
         r.cancel()
-    while engine.num_active:
-        engine.step()
-    fins = [f for f in fins if f is not None]
+    _run_until_published(engine, done + live)
+    fins = [_finish_of(r) for r in done]
     errors = [f.error for f in fins if f.error is not None]
     drafted, accepted = st.draft_tokens, st.accepted_draft_tokens
     return {
-        "batch": b, "constrained": constrained, "method": method, "num_draft_tokens": k if method != "none" else 0,
+        "batch": b, "workload": workload, "constrained": workload != "none", "method": method, "num_draft_tokens": k if method != "none" else 0,
         "tokens": st.tokens, "wall_s": round(wall, 4), "tokens_per_s": round(st.tokens / wall, 2),
         "errors": len(errors), "first_error": str(errors[0]) if errors else None,
         "requests_finished": len(fins),
@@ -277,32 +336,43 @@ def run(args) -> dict:
         variants += [("early-exit", layers), ("early-exit-sampled", layers)]
     variants = [v for v in variants if v[0] in args.methods]
     results = []
+    jsb_doc = None
     try:
+        if "json_schema_jsb" in args.workloads:
+            from bench_common import jsb_sample
+
+            jsb_doc = prepare_jsb(engine, svc, jsb_sample(3 * args.jsb, max_chars=args.jsb_max_chars),
+                                  n=args.jsb, max_tokens=args.max_tokens)
+            print(f"  json_schema_jsb: {len(jsb_doc['ids'])} JSONSchemaBench schemas "
+                  f"({len(jsb_doc['skipped'])} skipped)", flush=True)
+            if not jsb_doc["ids"]:
+                raise SystemExit(f"json_schema_jsb: no schema left: {jsb_doc['skipped']}")
+        jsb = jsb_doc["schemas"] if jsb_doc else []
         for method, layers in variants:
             if method.startswith("early-exit"):
                 engine.draft_layers = layers
                 engine._drafters.pop(method, None)  # rebuilt with this depth on first use
             eff_layers = (layers or max(1, num_layers // 4)) if method.startswith("early-exit") else None
-            for constrained in (False, True):
+            for workload in args.workloads:
                 # warm-up: grammar compile, drafter build, first-use allocations / graph captures
-                run_batch(engine, svc, b=1, constrained=constrained, method=method, k=args.num_draft_tokens,
+                run_batch(engine, svc, b=1, workload=workload, jsb=jsb, method=method, k=args.num_draft_tokens,
                           max_tokens=8, temperature=args.temperature)
                 for b in args.batches:
-                    res = _aggregate([run_closed(engine, svc, b=b, constrained=constrained, method=method,
+                    res = _aggregate([run_closed(engine, svc, b=b, workload=workload, jsb=jsb, method=method,
                                                  k=args.num_draft_tokens, max_tokens=args.max_tokens,
                                                  temperature=args.temperature, warm_steps=args.warm_steps,
                                                  steps=args.steps) for _ in range(args.repeats)])
                     res["draft_layers"] = eff_layers
                     res["label"] = method if eff_layers is None else f"{method} L={eff_layers}"
                     results.append(res)
-                    print(f"  {res['label']:<26} {'json_schema' if constrained else 'none':<11} B={b:<3} "
+                    print(f"  {res['label']:<26} {workload:<15} B={b:<3} "
                           f"{fmt_spread(res['tokens_per_s_spread'], '{:.1f}'):>22} tok/s  accepted len "
                           f"{res['mean_accepted_len']}", flush=True)
     finally:
         engine.stop()
-    base = {(r["constrained"], r["batch"]): r["tokens_per_s"] for r in results if r["method"] == "none"}
+    base = {(r["workload"], r["batch"]): r["tokens_per_s"] for r in results if r["method"] == "none"}
     for r in results:
-        ref = base.get((r["constrained"], r["batch"]))
+        ref = base.get((r["workload"], r["batch"]))
         r["speedup_vs_none"] = round(r["tokens_per_s"] / ref, 3) if ref else None
     dev_name = torch.cuda.get_device_name(0) if args.device == "cuda" else (platform.processor() or platform.machine())
     return {
@@ -319,12 +389,21 @@ def run(args) -> dict:
                 "measured steps; medians over repeats",
         "dtype": str(getattr(loaded.model, "dtype", "")), "defer_drafts": engine.defer_drafts,
         "tag": args.tag or args.device, "spec_graphs": os.environ.get("NINFER_SPEC_GRAPHS", "on"),
+        "workloads": args.workloads,
+        "jsb": None if jsb_doc is None else {"source": jsb_doc["source"], "seed": jsb_doc["seed"],
+                                             "max_chars": args.jsb_max_chars, "ids": jsb_doc["ids"],
+                                             "subsets": jsb_doc["subsets"], "skipped": jsb_doc["skipped"]},
         "notes": args.notes, "results": results,
     }
 
 
+def workload_of(r: dict) -> str:
+    """A result row's workload (rows written before ``workload`` existed: from ``constrained``)."""
+    return r.get("workload") or ("json_schema" if r["constrained"] else "none")
+
+
 def table(doc: dict) -> str:
-    head = (f"{'method':<26} {'workload':<11} {'B':>3} {'tok/s':>9} {'speedup':>7} {'acc.len':>7} {'acc.rate':>8} "
+    head = (f"{'method':<26} {'workload':<15} {'B':>3} {'tok/s':>9} {'speedup':>7} {'acc.len':>7} {'acc.rate':>8} "
             f"{'drafted':>7} {'step ms':>8} {'ready ms':>8} {'drafter':>8} {'mask ms':>8}")
     lines = [f"spec_bench — {doc['label']} ({doc['device_name']}), model {Path(doc['model']).name}, "
              f"K={doc['num_draft_tokens']}, max_tokens={doc['max_tokens']}, T={doc['temperature']}, "
@@ -334,7 +413,7 @@ def table(doc: dict) -> str:
         return format(v, fmt) if v is not None else "-"
 
     for r in doc["results"]:
-        lines.append(f"{r['label']:<26} {'json_schema' if r['constrained'] else 'none':<11} {r['batch']:>3} "
+        lines.append(f"{r['label']:<26} {workload_of(r):<15} {r['batch']:>3} "
                      f"{r['tokens_per_s']:>9.1f} {f(r['speedup_vs_none'], '.2f'):>7} "
                      f"{f(r['mean_accepted_len'], '.2f'):>7} {f(r['acceptance_rate'], '.3f'):>8} "
                      f"{r['draft_tokens']:>7} {r['step_ms_mean']:>8.1f} "
@@ -344,14 +423,14 @@ def table(doc: dict) -> str:
     phased = [r for r in doc["results"] if r.get("host_phase_ms_mean")]
     if phased:
         names = list(dict.fromkeys(k for r in phased for k in r["host_phase_ms_mean"]))
-        head = f"{'host ms / step by phase':<26} {'workload':<11} {'B':>3} " + " ".join(f"{n:>8}" for n in names)
+        head = f"{'host ms / step by phase':<26} {'workload':<15} {'B':>3} " + " ".join(f"{n:>8}" for n in names)
         lines += ["", head, "-" * len(head)]
         for r in phased:
             kinds = [("", r["host_phase_ms_mean"])] + [(f" ({k})", r["host_phase_ms_by_kind"][k])
                                                        for k in ("spec", "plain")
                                                        if r["method"] != "none" and k in r.get("host_phase_ms_by_kind", {})]
             for suffix, ph in kinds:
-                lines.append(f"{(r['label'] + suffix):<26} {'json_schema' if r['constrained'] else 'none':<11} "
+                lines.append(f"{(r['label'] + suffix):<26} {workload_of(r):<15} "
                              f"{r['batch']:>3} " + " ".join(f"{f(ph.get(n), '.3f'):>8}" for n in names))
     return "\n".join(lines)
 
@@ -366,8 +445,8 @@ def plot(doc: dict, out_dir: Path) -> list[Path]:
         print("matplotlib not installed: no plots", file=sys.stderr)
         return []
     labels = list(dict.fromkeys(r["label"] for r in doc["results"]))
-    groups = list(dict.fromkeys((r["constrained"], r["batch"]) for r in doc["results"]))
-    by = {(r["label"], r["constrained"], r["batch"]): r for r in doc["results"]}
+    groups = list(dict.fromkeys((workload_of(r), r["batch"]) for r in doc["results"]))
+    by = {(r["label"], workload_of(r), r["batch"]): r for r in doc["results"]}
     paths = []
     title = (f"{doc['label']} ({doc['device_name']}), {Path(doc['model']).name}, K={doc['num_draft_tokens']}, "
              f"max_tokens={doc['max_tokens']}, rev {doc['revision']}, {doc['date'][:10]}")
@@ -383,7 +462,7 @@ def plot(doc: dict, out_dir: Path) -> list[Path]:
                 ys.append((r or {}).get(key) or (1.0 if key == "mean_accepted_len" and lab == "none" else 0.0))
             ax.bar(xs, ys, width, label=lab)
         ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
-        ax.set_xticklabels([f"{'json_schema' if c else 'unconstrained'}\nB={b}" for c, b in groups])
+        ax.set_xticklabels([f"{'unconstrained' if w == 'none' else w}\nB={b}" for w, b in groups])
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=8)
         ax.legend(fontsize=7)
@@ -404,6 +483,12 @@ def main(argv=None) -> int:
     ap.add_argument("--num-draft-tokens", type=int, default=4, help="K")
     ap.add_argument("--draft-layers", type=int, nargs="+", default=[0], help="early-exit depths (0 = layers // 4)")
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    ap.add_argument("--workloads", nargs="+", default=["none", "json_schema"], choices=WORKLOADS,
+                    help="none: unconstrained; json_schema: the list-of-records schema; json_schema_jsb: a "
+                         "JSONSchemaBench sample, each schema in the prompt and as the constraint")
+    ap.add_argument("--jsb", type=int, default=16, help="JSONSchemaBench schemas of json_schema_jsb (sampled "
+                    "round-robin across subsets, bench_common.jsb_sample)")
+    ap.add_argument("--jsb-max-chars", type=int, default=2500, help="longest schema text taken into the sample")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")

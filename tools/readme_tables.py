@@ -101,7 +101,8 @@ def spec_table(doc: dict) -> str:
            "| method | workload | B | tok/s | speed-up vs none | mean accepted length |",
            "|---|---|---:|---:|---:|---:|"]
     for r in doc.get("results", []):
-        out.append(f"| {r['label']} | {'json_schema' if r['constrained'] else 'none'} | {r['batch']} | "
+        workload = r.get("workload") or ("json_schema" if r["constrained"] else "none")
+        out.append(f"| {r['label']} | {workload} | {r['batch']} | "
                    f"{_spread(r, 'tokens_per_s', '{:,.1f}')} | {_num(r.get('speedup_vs_none'), '{:.2f}')} | "
                    f"{_num(r.get('mean_accepted_len'), '{:.2f}')} |")
     return "\n".join(out)
