@@ -156,12 +156,12 @@ def _run_until_published(engine, reqs) -> None:
         engine.step()
 
 
-def prepare_jsb(engine, svc, jsb: dict, *, n: int, max_tokens: int) -> dict:
+def prepare_jsb(engine, svc, jsb: dict, *, n: int, max_tokens: int, served: list | None = None) -> dict:
     """Keep the first ``n`` JSONSchemaBench schemas the stack serves here: the request is admitted (the
     prompt, chat template applied, leaves ``max_tokens`` of room in the context; the sidecar compiles the
     schema within its deadline) and, all of them run at once to the end, finishes without an error. This
     also keeps cold compiles out of the measured steps. Mutates and returns ``jsb`` (``skipped`` gets the
-    reason per id)."""
+    reason per id); ``served``, when given, gets the kept requests (greedy, ``max_tokens``, ended)."""
     from ninfer_common.errors import RequestError
 
     admitted = []
@@ -183,6 +183,8 @@ def prepare_jsb(engine, svc, jsb: dict, *, n: int, max_tokens: int) -> dict:
             jsb["skipped"][sid] = f"failed: {fin.error}"[:200]
         else:
             keep.append((schema, sid))
+            if served is not None:
+                served.append(req)
     jsb["schemas"], jsb["ids"] = [s for s, _ in keep], [i for _, i in keep]
     jsb["subsets"] = {}
     for sid in jsb["ids"]:
