@@ -318,6 +318,10 @@ def run(args) -> dict:
         torch.set_num_threads(args.threads)
     if args.spec_graphs != "env":
         os.environ["NINFER_SPEC_GRAPHS"] = args.spec_graphs  # read by make_program in build_stack
+    if args.greedy_verify == "off":  # A/B only: all-greedy speculative Finish steps take the general verify
+        from gpu_engine.executor import cuda_graph
+
+        cuda_graph.spec_finish_mode = lambda rows: "filters" if cuda_graph._uses_filters(rows) else "plain"
     max_lanes = max(args.batches)
     sargs = build_parser().parse_args([
         "--port", str(args.port), "--device", args.device, "--model", args.model, "--max-lanes", str(max_lanes),
@@ -391,6 +395,7 @@ def run(args) -> dict:
                 "measured steps; medians over repeats",
         "dtype": str(getattr(loaded.model, "dtype", "")), "defer_drafts": engine.defer_drafts,
         "tag": args.tag or args.device, "spec_graphs": os.environ.get("NINFER_SPEC_GRAPHS", "on"),
+        "greedy_verify": args.greedy_verify,
         "workloads": args.workloads,
         "jsb": None if jsb_doc is None else {"source": jsb_doc["source"], "seed": jsb_doc["seed"],
                                              "max_chars": args.jsb_max_chars, "ids": jsb_doc["ids"],
@@ -502,6 +507,8 @@ def main(argv=None) -> int:
                     help="early-exit draft-ready overlap (device-side ids + ready event); auto = on with CUDA")
     ap.add_argument("--spec-graphs", choices=["env", "off", "on"], default="env",
                     help="CUDA: speculative steps through CUDA graphs (sets NINFER_SPEC_GRAPHS; env = as set)")
+    ap.add_argument("--greedy-verify", choices=["on", "off"], default="on",
+                    help="CUDA, speculative graphs: off = all-greedy steps verify with the general verify (A/B)")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--plot", metavar="JSON", help="only print the table and plot saved results")
     ap.add_argument("--steps", type=int, default=400, help="measured engine steps per configuration and repeat")

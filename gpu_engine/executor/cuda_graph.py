@@ -425,8 +425,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._spec_in.copy_(self._spec_in_host, non_blocking=self.is_cuda)
         if not masked:
             self._record("mask")
-        filters = _uses_filters(rows)
-        self._run(self._spec_fin_graphs, (bb, masked, filters), lambda: self._spec_finish_phase(bb, masked, filters))
+        mode = spec_finish_mode(rows)
+        self._run(self._spec_fin_graphs, (bb, masked, mode), lambda: self._spec_finish_phase(bb, masked, mode))
         self._spec_out_host[:b].copy_(self._spec_out[:b], non_blocking=self.is_cuda)
         self._wait_done(b, masked, speculative=True)
         self.spec_finish_steps += 1
@@ -445,6 +445,15 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
                 gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
                 mask_bytes=self._step_mask_bytes, speculative=speculative))
+
+
+def spec_finish_mode(rows) -> str:
+    """The speculative Finish variant of ``rows`` (:data:`SPEC_FINISH_MODES`): ``"greedy"`` when every row
+    has temperature 0 (filters do not change a greedy token), else ``"filters"`` when a row uses top-k,
+    top-p or min-p, else ``"plain"``."""
+    if all(r.sampling.temperature <= 0 for r in rows):
+        return "greedy"
+    return "filters" if _uses_filters(rows) else "plain"
 
 
 def _uses_filters(rows) -> bool:

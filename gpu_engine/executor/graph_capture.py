@@ -18,11 +18,13 @@ A decode step is two captured phases with the mask upload between them:
   model forward -> ``spec_logits [L, T, V]``. Padding rows copy row 0 (same lane, ids and
   positions: identical KV writes). A step with a row whose ``num_cached + T`` passes
   ``max_seq_len``, or with more than ``K_ring`` drafts, takes the eager forward.
-* **Speculative Finish** graph per ``(batch bucket, masked, filters)`` (with ``spec_graphs``):
+* **Speculative Finish** graph per ``(batch bucket, masked, mode)`` (with ``spec_graphs``; ``mode``: every row
+  greedy, some row with filters, neither):
   per-lane sampling parameters gathered by lane, the ``[L, T, W]`` lookahead bitmasks and ``[L, T]``
   statuses (device copies of the ring slot, by lane; unconstrained rows UNCONSTRAINED), drafts from
   ``_spec_ids[:, 1:]`` -> :func:`gpu_engine.spec.verify.verify` (rows without drafts are ordinary
-  sampling there, ``Purpose.SAMPLE``) -> ``[L, T + 3]`` int64
+  sampling there, ``Purpose.SAMPLE``; all-greedy steps: each position's legal argmax, one fused kernel,
+  then :func:`gpu_engine.spec.verify.verify_greedy`, the same result) -> ``[L, T + 3]`` int64
   (tokens, count, accepted drafts, error code). Steps with a sparse ``q`` (sampled drafters),
   presence / frequency penalties or more than :data:`MAX_EOS` end-of-sequence ids verify eagerly
   (:func:`gpu_engine.spec.step.verify_rows`): same tokens.
@@ -49,7 +51,7 @@ from gpu_engine.executor.graph_buckets import _FIN_ENABLED, _FIN_LANES, _FIN_POS
 from gpu_engine.model.llama import context_bucket
 from gpu_engine.sample.fused_sample import sample_fused
 from gpu_engine.sample.sampler import SamplingTensors, sample
-from gpu_engine.spec.verify import STATUS_UNCONSTRAINED, verify
+from gpu_engine.spec.verify import STATUS_UNCONSTRAINED, VerifyResult, position_mask_inputs, verify, verify_greedy
 
 log = logging.getLogger("ninfer.cuda_program")
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingTensors)}
@@ -57,6 +59,8 @@ _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingTensors)}
 _SPEC_LANES, _SPEC_POS, _SPEC_NDRAFTS, _SPEC_ENABLED = range(4)
 _SPEC_NUM_I64 = 4
 MAX_EOS = 8  # end-of-sequence ids the speculative Finish graphs hold (more: eager verification)
+#: Variants of the speculative Finish phase: every row greedy; some row with top-k / top-p / min-p; neither.
+SPEC_FINISH_MODES = ("greedy", "filters", "plain")
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device index -> cudaStream_t (int)
 
 
@@ -94,7 +98,7 @@ class GraphPhases:
         int64 (tokens, count, accepted drafts, error code)."""
         self.spec_t = spec_t if spec_t > 1 else 0
         self._spec_graphs: dict[tuple[int, int], tuple] = {}
-        self._spec_fin_graphs: dict[tuple[int, bool, bool], tuple] = {}
+        self._spec_fin_graphs: dict[tuple[int, bool, str], tuple] = {}
         self._spec_rows = None  # rows of a speculative step whose verification takes the Finish phase
         if self.spec_t:
             L, T, dev, pin = self.max_lanes, self.spec_t, self.device, self.is_cuda
@@ -107,6 +111,8 @@ class GraphPhases:
             self._eos = torch.full((MAX_EOS,), -1, dtype=torch.int64, device=dev)
             self._spec_out = torch.zeros(L, T + 3, dtype=torch.int64, device=dev)
             self._spec_out_host = torch.zeros(L, T + 3, dtype=torch.int64, pin_memory=pin)
+            self._spec_zeros_f32 = torch.zeros(L * T, dtype=torch.float32, device=dev)  # greedy mode's inputs
+            self._spec_zeros_i64 = torch.zeros(L * T, dtype=torch.int64, device=dev)
 
     def _spec_verify_fits(self, batch) -> bool:
         """True when the verification of ``batch`` (its forward took the speculative phase) can take the
@@ -223,10 +229,16 @@ class GraphPhases:
             seed=self._lane_i64[1].index_select(0, lanes), output_counts=None, use_filters=filters)
         return SamplingTensors(**{k: v for k, v in kw.items() if k in _SAMPLING_FIELDS})
 
-    def _spec_finish_phase(self, b: int, masked: bool, filters: bool) -> None:
+    def _spec_finish_phase(self, b: int, masked: bool, mode: str) -> None:
         """Speculative Finish of bucket ``b``: verify ``spec_logits[:b]`` (``[b, T, V]``) against the drafts
         in ``_spec_ids[:b, 1:]`` with the lookahead masks → ``_spec_out[:b]`` (``[b, T + 3]`` int64: tokens
-        ``-1`` padded, emitted count, accepted drafts, ``VERIFY_*`` code), as :func:`verify` defines them."""
+        ``-1`` padded, emitted count, accepted drafts, ``VERIFY_*`` code), as :func:`verify` defines them.
+
+        ``mode`` (:data:`SPEC_FINISH_MODES`): ``"greedy"`` when every row is greedy: each position's legal
+        argmax (one :func:`sample_fused` pass over the ``b * T`` positions with ``fused_sample``, else the
+        torch sampler at temperature 0) then :func:`verify_greedy`, the same result without ``verify``'s
+        full-vocabulary probabilities and random draws; ``"filters"`` / ``"plain"``: :func:`verify` with
+        or without the top-k / top-p / min-p sort."""
         x, t = self._spec_in, self.spec_t
         lanes, positions, nd = x[_SPEC_LANES, :b], x[_SPEC_POS, :b], x[_SPEC_NDRAFTS, :b]
         words = status = None
@@ -235,13 +247,32 @@ class GraphPhases:
             words = self.words.index_select(0, lanes)  # [b, T, W] int32
             status = self.status.index_select(0, lanes).to(torch.int64)
             status = torch.where(x[_SPEC_ENABLED, :b].unsqueeze(-1) != 0, status, STATUS_UNCONSTRAINED)
-        res = verify(self.spec_logits[:b], self._spec_ids[:b, 1:], self._lane_sampling(lanes, b, filters), words,
-                     status, None, nd, self._eos, positions)
+        if mode == "greedy":
+            res = self._verify_greedy(b, words, status, nd)
+        else:
+            res = verify(self.spec_logits[:b], self._spec_ids[:b, 1:], self._lane_sampling(lanes, b, mode == "filters"),
+                         words, status, None, nd, self._eos, positions)
         out = self._spec_out
         out[:b, :t].copy_(res.tokens)
         out[:b, t].copy_(res.num_tokens)
         out[:b, t + 1].copy_(res.num_accepted_drafts)
         out[:b, t + 2].copy_(res.err)
+
+    def _verify_greedy(self, b: int, words, status, nd) -> VerifyResult:
+        """:func:`verify_greedy` of bucket ``b`` from the legal argmax of each of its ``b * T`` positions."""
+        t, n = self.spec_t, b * self.spec_t
+        flat_words, enabled, status = position_mask_inputs(words, status, b, t, self.device)
+        logits = self.spec_logits[:b].flatten(0, 1)
+        zf, zi = self._spec_zeros_f32[:n], self._spec_zeros_i64[:n]  # temperature 0; seed / position unused
+        if self.fused_sample:
+            tok, perr = sample_fused(logits, zf, zi, zi, flat_words, enabled)
+        else:
+            st = SamplingTensors(temperature=zf, top_k=zi.to(torch.int32), top_p=zf + 1, min_p=zf,
+                                 presence_penalty=zf, frequency_penalty=zf, repetition_penalty=zf + 1, seed=zi,
+                                 output_counts=None, use_filters=False)
+            tok, perr = sample(logits, st, flat_words, enabled, zi)
+        return verify_greedy(tok.view(b, t), perr.view(b, t), self._spec_ids[:b, 1:], status, nd, self._eos,
+                             self.vocab_size)
 
     def _capture(self, fn) -> tuple:
         """Run ``fn`` once on the capture stream (warm-up: cuBLAS handles, kernel selection, outside capture),
@@ -255,11 +286,12 @@ class GraphPhases:
             self._pool = g.pool()
         return g, self._cu.graph_exec_handle(g)
 
-    def _capture_finish(self, graphs: dict, phase, b: int) -> None:
-        """Capture ``phase(b, masked, filters)`` (a Finish phase) into ``graphs`` for every variant."""
+    def _capture_finish(self, graphs: dict, phase, b: int, variants=(True, False)) -> None:
+        """Capture ``phase(b, masked, variant)`` (a Finish phase) into ``graphs`` for every ``masked`` and
+        ``variant`` (``filters`` of the Finish phase, ``mode`` of the speculative one)."""
         for masked in (True, False):
-            for filters in (True, False):
-                graphs[(b, masked, filters)] = self._capture(lambda m=masked, f=filters: phase(b, m, f))
+            for v in variants:
+                graphs[(b, masked, v)] = self._capture(lambda m=masked, v=v: phase(b, m, v))
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -281,7 +313,7 @@ class GraphPhases:
                     if ctx >= self.spec_t:
                         self._spec_graphs[(b, ctx)] = self._capture(
                             lambda b=b, ctx=ctx: self._spec_forward_phase(b, ctx))
-                self._capture_finish(self._spec_fin_graphs, self._spec_finish_phase, b)
+                self._capture_finish(self._spec_fin_graphs, self._spec_finish_phase, b, SPEC_FINISH_MODES)
         if self.prefill_rows_buckets:
             torch.cuda.synchronize(self.device)
             t0, m0 = time.perf_counter(), torch.cuda.memory_reserved(self.device)

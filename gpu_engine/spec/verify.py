@@ -75,7 +75,9 @@ __all__ = [
     "VERIFY_ERR_DEAD_END",
     "VERIFY_ERR_UNREACHABLE",
     "VerifyResult",
+    "position_mask_inputs",
     "verify",
+    "verify_greedy",
 ]
 
 
@@ -217,16 +219,7 @@ def _position_probs(
     if st.output_counts is not None:
         counts = _position_counts(st.output_counts, drafts, valid)
     st_rows = st.repeat_rows(kp1, output_counts=counts)
-    flat_words = flat_enabled = None
-    if words is not None:
-        if status is None:
-            raise ValueError("status is required when words are given")
-        status = status.to(torch.int64)
-        ready = status == STATUS_READY
-        flat_words = torch.where(ready.unsqueeze(-1), words, 0).flatten(0, 1)
-        flat_enabled = (status != STATUS_UNCONSTRAINED).flatten()
-    else:
-        status = torch.zeros(b, kp1, dtype=torch.int64, device=target_logits.device)
+    flat_words, flat_enabled, status = position_mask_inputs(words, status, b, kp1, target_logits.device)
     p, perr = target_probs(target_logits.flatten(0, 1), st_rows, flat_words, flat_enabled)
     return p.view(b, kp1, v), perr.view(b, kp1), status
 
@@ -259,15 +252,83 @@ def _accepted_prefix(
     col = torch.arange(k, device=p.device)
     pos_cols = positions.unsqueeze(-1) + col  # [B, K] output positions
     u = uniform(seed.unsqueeze(-1), pos_cols, Purpose.SPEC_ACCEPT)
-    accepted = (u < accept_prob) & valid
-    n_acc = torch.cumprod(accepted.to(torch.int64), dim=1).sum(1)  # leading accepted drafts
+    return _leading_accepted((u < accept_prob) & valid, drafts, valid, eos_ids)
 
-    # ---- EOS among accepted drafts ends the row ------------------------------
+
+def _leading_accepted(
+    accepted: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor, eos_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """accepted / drafts / valid ``[B, K]`` (bool / int64 / bool), eos_ids ``[E]`` → ``(n_acc [B] int64,
+    eos_end [B] bool)``: the leading accepted drafts, cut just after the first accepted EOS draft (the
+    row ends there: ``eos_end``)."""
+    n_acc = torch.cumprod((accepted & valid).to(torch.int64), dim=1).sum(1)
     is_eos = (drafts.unsqueeze(-1) == eos_ids.to(torch.int64)).any(-1) & valid  # [B, K]
     n_before_eos = torch.cumprod((~is_eos).to(torch.int64), dim=1).sum(1)
     eos_end = n_before_eos < n_acc
     n_acc = torch.where(eos_end, n_before_eos + 1, n_acc)
     return n_acc, eos_end
+
+
+def position_mask_inputs(
+    words: torch.Tensor | None, status: torch.Tensor | None, b: int, kp1: int, device: torch.device,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """The per-position mask inputs of the verify positions, flattened to ``[B * (K+1)]`` rows for the
+    sampler: ``(words [B*(K+1), W] int32 with the words of non-READY positions zeroed
+    (DEAD_END / UNREACHABLE: an empty mask), enabled [B*(K+1)] bool (positions not UNCONSTRAINED),
+    status [B, K+1] int64)``; ``(None, None, zeros)`` without words (a pure unconstrained step)."""
+    if words is None:
+        return None, None, torch.zeros(b, kp1, dtype=torch.int64, device=device)
+    if status is None:
+        raise ValueError("status is required when words are given")
+    status = status.to(torch.int64)
+    flat_words = torch.where((status == STATUS_READY).unsqueeze(-1), words, 0).flatten(0, 1)
+    return flat_words, (status != STATUS_UNCONSTRAINED).flatten(), status
+
+
+def verify_greedy(
+    greedy_tokens: torch.Tensor,
+    perr: torch.Tensor,
+    draft_ids: torch.Tensor,
+    status: torch.Tensor,
+    num_drafts: torch.Tensor,
+    eos_ids: torch.Tensor,
+    vocab_size: int,
+) -> VerifyResult:
+    """:func:`verify` of a step whose rows are all greedy (temperature 0) with one-hot drafts and no
+    penalties, from each verify position's greedy token: the same :class:`VerifyResult`, without the
+    full-vocabulary probabilities and random draws.
+
+    At temperature 0 the masked target ``p_i`` is one-hot on the legal argmax ``g_i`` (zero on an error
+    position), so the accept test ``u < p_i(d_i)`` with ``u`` in (0, 1) accepts exactly ``d_i == g_i`` on a
+    healthy position, and both the residual after a rejection (``p_s`` without ``d_s != g_s``) and the bonus
+    draw give ``g_s`` (seed 000 §8; Leviathan et al. 2023, Alg. 1 at T = 0). A row without drafts takes
+    ``g_0``, as :func:`gpu_engine.sample.sampler.sample` would.
+
+    Args:
+        greedy_tokens: ``[B, K+1]`` int64, the legal argmax (ties to the smaller id) of each verify position's
+            logits under its mask (:func:`position_mask_inputs`); any value on error positions.
+        perr: ``[B, K+1]`` SAMPLE_* code of each position with those inputs.
+        draft_ids: ``[B, K]`` int64 proposals (entries past ``num_drafts`` ignored).
+        status: ``[B, K+1]`` int64 statuses (:func:`position_mask_inputs`' third value).
+        num_drafts: ``[B]`` int, drafts per row (``0..K``).
+        eos_ids: ``[E]`` int64 end-of-sequence ids.
+        vocab_size: ``V`` (draft ids are clamped into ``[0, V)`` as :func:`verify` does).
+
+    Returns:
+        :class:`VerifyResult`, equal to :func:`verify`'s for the same step at temperature 0.
+    """
+    b, kp1 = greedy_tokens.shape
+    k = kp1 - 1
+    col = torch.arange(k, device=greedy_tokens.device)
+    num_drafts = num_drafts.to(torch.int64).clamp(0, k)
+    valid = col.unsqueeze(0) < num_drafts.unsqueeze(-1)
+    drafts = torch.where(valid, draft_ids.to(torch.int64), 0).clamp(0, vocab_size - 1)
+    perr = perr.to(torch.int64)
+    healthy = perr[:, :k] == SAMPLE_OK
+    n_acc, eos_end = _leading_accepted((drafts == greedy_tokens[:, :k]) & healthy, drafts, valid, eos_ids)
+    drawn = greedy_tokens.gather(1, n_acc.clamp_max(k).unsqueeze(-1)).squeeze(-1)
+    err = _draw_error(status, perr, n_acc, eos_end)
+    return _assemble(drafts, n_acc, eos_end, drawn, err)
 
 
 def _draw_weights(

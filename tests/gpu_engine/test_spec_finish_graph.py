@@ -69,10 +69,10 @@ def _drafter(table):
     return ListDrafter(fn)
 
 
-def _requests(n=24, penalties=False):
+def _requests(n=24, penalties=False, greedy=False):
     reqs = []
     for i in range(n):
-        temp = (0.0, 0.7, 1.0)[i % 3]
+        temp = 0.0 if greedy else (0.0, 0.7, 1.0)[i % 3]
         extra = {"top_k": 5} if i % 4 == 1 else {"top_p": 0.8} if i % 4 == 2 else {}
         if penalties and i % 2 == 0:
             extra.update(presence_penalty=1.5, frequency_penalty=0.7)
@@ -113,10 +113,12 @@ class SlowSidecar(FakeSidecar):
         return super().recv_step(seq, timeout)
 
 
-def _outcome(executor, device="cpu", victim=None, max_lanes=8, penalties=False, eos=(), slow=False):
+def _outcome(executor, device="cpu", victim=None, max_lanes=8, penalties=False, eos=(), slow=False, greedy=False,
+             modes=None):
     """Run ``_requests()`` through an engine on ``executor``: per request (tokens, finish reason, error kind,
     drafted, accepted), plus ``num_cached`` after every commit; and the engine. ``eos``: more end-of-sequence
-    ids; ``slow``: every Step answer is late once (deferred steps)."""
+    ids; ``slow``: every Step answer is late once (deferred steps); ``greedy``: every request at temperature 0;
+    ``modes``: a list that gets the speculative Finish variant of every speculative Finish run."""
     table, dfa = _world()
     eng = _engine(table.to(device), dfa, _drafter(table), k=3, max_lanes=max_lanes, executor=executor)
     if victim is not None:
@@ -136,7 +138,16 @@ def _outcome(executor, device="cpu", victim=None, max_lanes=8, penalties=False, 
         cached.append((r.request_id, len(r.output_ids), r.num_cached))
 
     eng._commit = recording_commit
-    reqs = _requests(penalties=penalties)
+    if modes is not None:
+        run = eng.program._run
+
+        def recording_run(graphs, key, fn):
+            if graphs is eng.program._spec_fin_graphs:
+                modes.append(key[2])
+            return run(graphs, key, fn)
+
+        eng.program._run = recording_run
+    reqs = _requests(penalties=penalties, greedy=greedy)
     fins = _run(eng, reqs)
     got = [(r.output_ids, f.finish_reason, None if f.error is None else str(f.error.kind), f.draft_tokens,
             f.accepted_draft_tokens) for r, f in zip(reqs, fins)]
@@ -213,6 +224,32 @@ def test_rows_without_drafts_are_ordinary_sampling_in_verify(temperature):
     if temperature > 0:  # another purpose draws differently somewhere: the purpose is really SAMPLE
         bonus, _ = sample(logits[:, 0], st, words[:, 0], None, positions, purpose=Purpose.BONUS)
         assert not torch.equal(torch.where(ok, bonus, -1), res.tokens[:, 0])
+
+
+def test_all_greedy_steps_verify_from_the_greedy_tokens():
+    """Every request greedy: the speculative Finish takes its ``greedy`` mode (per-position legal argmax, then
+    verify_greedy), with the eager executor's tokens, errors and counts; mixed steps take the other modes."""
+    ref, _ = _outcome("eager", greedy=True)
+    modes = []
+    got, eng = _outcome("spec-graphs", greedy=True, modes=modes)
+    assert got == ref
+    assert modes and set(modes) == {"greedy"} and len(modes) == eng.program.spec_finish_steps >= 10
+    mixed = []
+    _outcome("spec-graphs", modes=mixed)
+    assert "greedy" not in set(mixed) and {"filters", "plain"} & set(mixed)
+
+
+@pytest.mark.gpu
+def test_all_greedy_speculative_finish_graphs_on_cuda_give_the_eager_tokens():
+    """The greedy mode on CUDA: the fused kernel's per-position argmax in a replayed graph."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    ref, _ = _outcome("eager", device="cuda", greedy=True)
+    modes = []
+    got, eng = _outcome("spec-graphs-cuda", device="cuda", greedy=True, modes=modes)
+    assert eng.program.fused_sample and eng.program.use_graphs
+    assert got == ref
+    assert set(modes) == {"greedy"} and len(modes) == eng.program.spec_finish_steps >= 10
 
 
 @pytest.mark.gpu
