@@ -178,6 +178,7 @@ class Request:
     trace_context: Any = None  # the request span's OpenTelemetry SpanContext (engine step spans link to it)
     output: Any = None  # ninfer_common.frontends.stream.OutputStream for chat turns with tools / thinking
     output_result: Any = None  # its StreamResult, set when the request finishes
+    draft_context: Any = None  # drafter-owned scratch (the n-gram drafter's token buffer, gpu_engine.spec.drafters)
 
     def cancel(self) -> None:
         """Ask the engine to stop this request (takes effect at the next step)."""

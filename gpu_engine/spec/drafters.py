@@ -125,7 +125,36 @@ class NgramDrafter(Drafter):
         self.max_n, self.min_n = max_n, min_n
 
     def propose_batch(self, rows: Sequence[Request], ks: Sequence[int]) -> list[Proposal]:
-        return [ngram_propose(r.prompt_ids + r.output_ids, k, self.max_n, self.min_n) for r, k in zip(rows, ks)]
+        return [ngram_propose(context_tokens(r), k, self.max_n, self.min_n) for r, k in zip(rows, ks)]
+
+
+def context_tokens(r: Request) -> np.ndarray:
+    """``r.prompt_ids + r.output_ids`` as an int64 array, from a buffer kept in ``r.draft_context``.
+
+    Each call copies only the output tokens committed since the last one (the output only grows), instead of
+    converting the whole context (a ~1,000-token prompt took ~35 us per row and step). The buffer is
+    rebuilt when its last token is not the context's token at that place (an output that changed other
+    than by appending). Returns a view valid until the next call for ``r``.
+    """
+    n_prompt, out = len(r.prompt_ids), r.output_ids
+    n = n_prompt + len(out)
+    buf = r.draft_context
+    if isinstance(buf, tuple):
+        arr, have = buf
+        if max(n_prompt, 1) <= have <= n and arr[have - 1] == (out[have - 1 - n_prompt] if have > n_prompt
+                                                                else r.prompt_ids[-1]):
+            if n > arr.shape[0]:
+                grown = np.empty(max(2 * arr.shape[0], n + 64), dtype=np.int64)
+                grown[:have] = arr[:have]
+                arr = grown
+            arr[have:n] = out[have - n_prompt:]
+            r.draft_context = (arr, n)
+            return arr[:n]
+    arr = np.empty(n + 64 + (r.max_tokens if r.max_tokens > 0 else 0), dtype=np.int64)
+    arr[:n_prompt] = r.prompt_ids
+    arr[n_prompt:n] = out
+    r.draft_context = (arr, n)
+    return arr[:n]
 
 
 # ------------------------------------------------------------ device-side drafts

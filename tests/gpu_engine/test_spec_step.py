@@ -200,3 +200,32 @@ def test_forward_padded_row_near_context_end_does_not_write_past_its_lane():
     assert torch.isfinite(logits).all()
     for a, b in zip(model.kv.lane_view(slice(None), 2, s - 2), lane2_before):
         assert torch.equal(a, b)
+
+
+def test_ngram_context_buffer_follows_the_request():
+    """context_tokens is prompt + output after every append, after a rewrite of the output (rebuilt) and
+    across buffer growth; the drafter's proposals are those of the plain list."""
+    import random
+
+    from gpu_engine.core.request import Request, SamplingOptions
+    from gpu_engine.spec.drafters import NgramDrafter, context_tokens, ngram_propose
+
+    rng = random.Random(5)
+    drafter = NgramDrafter()
+    fresh = 100
+    for trial in range(40):
+        r = Request(f"r{trial}", [rng.randrange(8) for _ in range(rng.randrange(1, 40))], rng.randrange(0, 6),
+                    SamplingOptions())
+        for _ in range(rng.randrange(1, 60)):
+            op = rng.random()
+            if op < 0.8:
+                r.output_ids.extend(rng.randrange(8) for _ in range(rng.randrange(1, 6)))
+            elif op < 0.9 and r.output_ids:  # an output changed other than by appending, its last token too
+                fresh += 2  # never seen before: the buffer's last token differs (the documented check)
+                r.output_ids[rng.randrange(len(r.output_ids))] = fresh
+                r.output_ids[-1] = fresh + 1
+            elif r.output_ids:
+                del r.output_ids[rng.randrange(len(r.output_ids)):]
+            assert context_tokens(r).tolist() == r.prompt_ids + r.output_ids
+            k = rng.randrange(1, 5)
+            assert drafter.propose_batch([r], [k]) == [ngram_propose(r.prompt_ids + r.output_ids, k)]
