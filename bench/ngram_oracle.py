@@ -89,11 +89,13 @@ def match_length(context: list[int], max_n: int, min_n: int) -> int:
     return 0
 
 
-def walk(seqs: list[dict], k: int, min_n: int, max_n: int) -> list[tuple[int, int, int]]:
+def walk(seqs: list[dict], k: int, min_n: int, max_n: int, max_tokens: int | None = None) -> list[tuple[int, int, int]]:
     """The engine's steps over the greedy outputs with this drafter: one ``(n, drafts, accepted)`` per step
     after each output's first token (``n`` = matched n-gram length, 0 and no drafts for a plain step); a
     step commits ``accepted + 1`` tokens (fewer at the output's end), as the greedy verifier does. The
-    draft budget is at most ``k`` and the tokens left."""
+    draft budget is the engine's (``Drafting._draft_budget``): at most ``k`` and ``max_tokens - len(output)
+    - 1``, with ``max_tokens`` the output's own (``max_tokens`` key), else the argument, else its length
+    (an output that stopped at its limit)."""
     from gpu_engine.spec.drafters import ngram_propose
 
     steps = []
@@ -101,12 +103,13 @@ def walk(seqs: list[dict], k: int, min_n: int, max_n: int) -> list[tuple[int, in
         out = s["output_ids"]
         if not out:
             continue
+        limit = s.get("max_tokens") or max_tokens or len(out)
         ctx = list(s["prompt_ids"]) + [out[0]]
         t = 1
         while t < len(out):
-            drafts = ngram_propose(ctx, min(k, len(out) - t), max_n, min_n)
+            drafts = ngram_propose(ctx, max(0, min(k, limit - t - 1)), max_n, min_n)
             acc = 0
-            while acc < len(drafts) and drafts[acc] == out[t + acc]:
+            while acc < len(drafts) and t + acc < len(out) and drafts[acc] == out[t + acc]:
                 acc += 1
             steps.append((match_length(ctx, max_n, min_n) if drafts else 0, len(drafts), acc))
             n_commit = min(acc + 1, len(out) - t)
@@ -115,11 +118,12 @@ def walk(seqs: list[dict], k: int, min_n: int, max_n: int) -> list[tuple[int, in
     return steps
 
 
-def replay(seqs: list[dict], k: int, min_n: int, max_n: int, cost_ratios: list[float]) -> dict:
+def replay(seqs: list[dict], k: int, min_n: int, max_n: int, cost_ratios: list[float],
+           max_tokens: int | None = None) -> dict:
     """One drafter setting over the outputs: speculative-step share, accepted drafts per speculative step
     (overall and by matched n-gram length) and the projected speed-up for each cost ratio ``r`` (a
     speculative step costs ``r`` plain steps)."""
-    steps = walk(seqs, k, min_n, max_n)
+    steps = walk(seqs, k, min_n, max_n, max_tokens)
     spec = [(n, d, a) for n, d, a in steps if d]
     tokens = sum(len(s["output_ids"]) - 1 for s in seqs if s["output_ids"])
     by_n: dict[int, list[int]] = {}
@@ -170,7 +174,7 @@ def main(argv=None) -> int:
         ws = [s for s in seqs if s["workload"] == workload]
         if not ws:
             continue
-        rows = [replay(ws, k, mn, mx, args.cost_ratios) for k in args.ks for mx in args.max_ns for mn in args.min_ns
+        rows = [replay(ws, k, mn, mx, args.cost_ratios, doc.get("max_tokens")) for k in args.ks for mx in args.max_ns for mn in args.min_ns
                 if mn <= mx]
         doc["settings"][workload] = rows
         print(f"\n{workload}: {len(ws)} outputs, {sum(len(s['output_ids']) for s in ws)} tokens")

@@ -159,29 +159,31 @@ def _run_until_published(engine, reqs) -> None:
 def prepare_jsb(engine, svc, jsb: dict, *, n: int, max_tokens: int, served: list | None = None) -> dict:
     """Keep the first ``n`` JSONSchemaBench schemas the stack serves here: the request is admitted (the
     prompt, chat template applied, leaves ``max_tokens`` of room in the context; the sidecar compiles the
-    schema within its deadline) and, all of them run at once to the end, finishes without an error. This
-    also keeps cold compiles out of the measured steps. Mutates and returns ``jsb`` (``skipped`` gets the
-    reason per id); ``served``, when given, gets the kept requests (greedy, ``max_tokens``, ended)."""
+    schema within its deadline) and, run to the end with the others of its round, finishes without an
+    error. Rounds take further candidates until ``n`` are kept or none is left. This also keeps cold
+    compiles out of the measured steps. Mutates and returns ``jsb`` (``skipped`` gets the reason per id);
+    ``served``, when given, gets the kept requests (greedy, ``max_tokens``, ended)."""
     from ninfer_common.errors import RequestError
 
-    admitted = []
-    for schema, sid in zip(jsb["schemas"], jsb["ids"]):
-        if len(admitted) == n:
-            break
-        try:
-            admitted.append((schema, sid, svc.build_request(
-                _message("json_schema_jsb", 0, [schema], "none", 0, max_tokens, 0.0))))
-        except RequestError as e:
-            jsb["skipped"][sid] = f"refused: {e.kind.name}: {str(e)[:160]}"
-    for *_, req in admitted:
-        engine.submit(req)
-    _run_until_published(engine, [req for *_, req in admitted])
+    candidates = list(zip(jsb["schemas"], jsb["ids"]))
     keep = []
-    for schema, sid, req in admitted:
-        fin = _finish_of(req)
-        if fin.error is not None:
-            jsb["skipped"][sid] = f"failed: {fin.error}"[:200]
-        else:
+    while len(keep) < n and candidates:
+        admitted = []
+        while candidates and len(keep) + len(admitted) < n:
+            schema, sid = candidates.pop(0)
+            try:
+                admitted.append((schema, sid, svc.build_request(
+                    _message("json_schema_jsb", 0, [schema], "none", 0, max_tokens, 0.0))))
+            except RequestError as e:
+                jsb["skipped"][sid] = f"refused: {e.kind.name}: {str(e)[:160]}"
+        for *_, req in admitted:
+            engine.submit(req)
+        _run_until_published(engine, [req for *_, req in admitted])
+        for schema, sid, req in admitted:
+            fin = _finish_of(req)
+            if fin.error is not None:
+                jsb["skipped"][sid] = f"failed: {fin.error}"[:200]
+                continue
             keep.append((schema, sid))
             if served is not None:
                 served.append(req)
@@ -201,14 +203,16 @@ def _finish_of(req):
         return next((ev for ev in req.events.queue if isinstance(ev, Finish)), None)
 
 
-def run_closed(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperature, warm_steps, steps) -> dict:
+def run_closed(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperature, warm_steps, steps,
+               start=0) -> dict:
     """Closed loop at constant concurrency ``b``: every finished request is replaced at once (same workload,
     next prompt and seed); the engine is stepped in this thread; after ``warm_steps`` steps, ``steps``
     steps are measured. tokens/s = committed tokens in the window / window wall time; engine stats
-    (acceptance, waits) are those of the window."""
+    (acceptance, waits) are those of the window. Requests are items ``start, start + 1, ...`` of the
+    workload (:func:`_prompt_and_schema`): every method measures the same sequence for a given ``start``."""
     from gpu_engine.engine.loop import EngineStats
 
-    live, done, n = [], [], [0]  # in flight; finished in the measured window; requests made
+    live, done, n = [], [], [start]  # in flight; finished in the measured window; next request item
 
     def top_up():
         while len(live) < b:
@@ -251,6 +255,7 @@ def run_closed(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperat
     errors = [f.error for f in fins if f.error is not None]
     drafted, accepted = st.draft_tokens, st.accepted_draft_tokens
     return {
+        "request_items": [start, n[0]],  # items of the requests made (warm-up and window), [first, end)
         "batch": b, "workload": workload, "constrained": workload != "none", "method": method, "num_draft_tokens": k if method != "none" else 0,
         "tokens": st.tokens, "wall_s": round(wall, 4), "tokens_per_s": round(st.tokens / wall, 2),
         "errors": len(errors), "first_error": str(errors[0]) if errors else None,
@@ -303,6 +308,7 @@ def _aggregate(reps: list[dict]) -> dict:
         sp = spread(r.get(key) for r in reps)
         row[key] = sp["median"]
         row[key + "_spread"] = sp
+    row["request_items"] = [r["request_items"] for r in reps]
     row["errors"] = sum(r["errors"] for r in reps)
     row["repeats"] = len(reps)
     return row
@@ -326,7 +332,7 @@ def run(args) -> dict:
     sargs = build_parser().parse_args([
         "--port", str(args.port), "--device", args.device, "--model", args.model, "--max-lanes", str(max_lanes),
         "--max-seq-len", str(args.max_seq_len), "--num-draft-tokens", str(args.num_draft_tokens),
-        "--cuda-graphs", args.cuda_graphs, "--log-level", "WARNING"])
+        "--cuda-graphs", args.cuda_graphs, "--compile-timeout", str(args.compile_timeout), "--log-level", "WARNING"])
     t0 = time.perf_counter()
     engine, frontend, loaded = build_stack(sargs)
     if args.defer_drafts != "auto":
@@ -364,10 +370,14 @@ def run(args) -> dict:
                 run_batch(engine, svc, b=1, workload=workload, jsb=jsb, method=method, k=args.num_draft_tokens,
                           max_tokens=8, temperature=args.temperature)
                 for b in args.batches:
+                    # repeat j starts at item j * items / repeats: the repeats cover different schemas (a B = 1
+                    # window finishes only a few requests), the same ones for every method
+                    items = len(jsb) if workload == "json_schema_jsb" else len(PROMPTS)
                     res = _aggregate([run_closed(engine, svc, b=b, workload=workload, jsb=jsb, method=method,
                                                  k=args.num_draft_tokens, max_tokens=args.max_tokens,
                                                  temperature=args.temperature, warm_steps=args.warm_steps,
-                                                 steps=args.steps) for _ in range(args.repeats)])
+                                                 steps=args.steps, start=j * items // args.repeats)
+                                      for j in range(args.repeats)])
                     res["draft_layers"] = eff_layers
                     res["label"] = method if eff_layers is None else f"{method} L={eff_layers}"
                     results.append(res)
@@ -395,7 +405,7 @@ def run(args) -> dict:
                 "measured steps; medians over repeats",
         "dtype": str(getattr(loaded.model, "dtype", "")), "defer_drafts": engine.defer_drafts,
         "tag": args.tag or args.device, "spec_graphs": os.environ.get("NINFER_SPEC_GRAPHS", "on"),
-        "greedy_verify": args.greedy_verify,
+        "greedy_verify": args.greedy_verify, "compile_timeout_s": args.compile_timeout,
         "workloads": args.workloads,
         "jsb": None if jsb_doc is None else {"source": jsb_doc["source"], "seed": jsb_doc["seed"],
                                              "max_chars": args.jsb_max_chars, "ids": jsb_doc["ids"],
@@ -495,6 +505,9 @@ def main(argv=None) -> int:
                          "JSONSchemaBench sample, each schema in the prompt and as the constraint")
     ap.add_argument("--jsb", type=int, default=16, help="JSONSchemaBench schemas of json_schema_jsb (sampled "
                     "round-robin across subsets, bench_common.jsb_sample)")
+    ap.add_argument("--compile-timeout", type=float, default=60.0,
+                    help="the sidecar's compile deadline, s (above the server's 10 s default so that the JSONSchemaBench "
+                         "sample does not depend on the machine's compile speed)")
     ap.add_argument("--jsb-max-chars", type=int, default=2500, help="longest schema text taken into the sample")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--max-seq-len", type=int, default=1024)

@@ -15,9 +15,11 @@ def test_walk_on_a_copied_phrase():
     prompt = [5, 6, 7, 8, 9, 1]
     out = [5, 6, 7, 8, 2]  # copies the prompt's 5 6 7 8, then leaves it
     steps = ngram_oracle.walk([{"prompt_ids": prompt, "output_ids": out}], k=4, min_n=1, max_n=3)
-    # after "5" (a 1-gram match): drafts 6 7 8 9, the first three accepted, the step commits them and the
-    # correction 2: one step covers the rest of the output
-    assert steps == [(1, 4, 3)]
+    # after "5" (a 1-gram match): the engine's budget is max_tokens (here the output's length, 5) - 1 - 1 = 3
+    # drafts: 6 7 8, all accepted; the step commits them and the bonus 2: one step covers the rest
+    assert steps == [(1, 3, 3)]
+    # with room for more (the output ended with an end-of-sequence token before max_tokens = 16): 6 7 8 9
+    assert ngram_oracle.walk([{"prompt_ids": prompt, "output_ids": out, "max_tokens": 16}], 4, 1, 3) == [(1, 4, 3)]
 
 
 def test_walk_commits_every_token_once_and_counts_the_common_prefix():
@@ -26,13 +28,14 @@ def test_walk_commits_every_token_once_and_counts_the_common_prefix():
         prompt = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
         out = [rng.randrange(6) for _ in range(rng.randrange(1, 30))]
         k, min_n, max_n = rng.randrange(1, 6), rng.randrange(1, 3), 3
-        steps = ngram_oracle.walk([{"prompt_ids": prompt, "output_ids": out}], k, min_n, max_n)
+        limit = len(out) + rng.randrange(3)
+        steps = ngram_oracle.walk([{"prompt_ids": prompt, "output_ids": out}], k, min_n, max_n, limit)
         ctx, t = prompt + out[:1], 1
         for n, d, a in steps:
-            drafts = ngram_propose(ctx, min(k, len(out) - t), max_n, min_n)
+            drafts = ngram_propose(ctx, max(0, min(k, limit - t - 1)), max_n, min_n)
             assert d == len(drafts) and (n > 0) == bool(drafts)
             lcp = 0
-            while lcp < len(drafts) and drafts[lcp] == out[t + lcp]:
+            while lcp < len(drafts) and t + lcp < len(out) and drafts[lcp] == out[t + lcp]:
                 lcp += 1
             assert a == lcp
             step = min(a + 1, len(out) - t)
@@ -49,3 +52,17 @@ def test_replay_projection_is_tokens_over_cost():
     assert row["spec_steps"] == spec and row["steps"] == len(steps)
     assert row["projected_speedup"]["1.0"] == round(4 / len(steps), 4)
     assert row["projected_speedup"]["2.0"] == round(4 / (len(steps) - spec + 2 * spec), 4)
+
+
+def test_walk_draft_budget_matches_the_engine_at_max_tokens():
+    """The engine drafts at most max_tokens - len(output) - 1 (Drafting._draft_budget): an output that ended
+    at max_tokens = 2 has no speculative step after its first token (review reproducer)."""
+    steps = ngram_oracle.walk([{"prompt_ids": [1, 2, 3, 1], "output_ids": [2, 3]}], k=4, min_n=1, max_n=3)
+    assert all(d == 0 for _, d, _ in steps), steps
+
+
+def test_match_length_is_the_longest_matching_suffix():
+    assert ngram_oracle.match_length([7, 1, 2, 3, 9, 1, 2, 3], max_n=3, min_n=1) == 3
+    assert ngram_oracle.match_length([7, 5, 2, 3, 9, 1, 2, 3], max_n=3, min_n=1) == 2
+    assert ngram_oracle.match_length([7, 5, 6, 3, 9, 1, 2, 3], max_n=3, min_n=1) == 1
+    assert ngram_oracle.match_length([7, 5, 6, 4, 9, 1, 2, 3], max_n=3, min_n=1) == 0
