@@ -275,7 +275,11 @@ def position_mask_inputs(
     """The per-position mask inputs of the verify positions, flattened to ``[B * (K+1)]`` rows for the
     sampler: ``(words [B*(K+1), W] int32 with the words of non-READY positions zeroed
     (DEAD_END / UNREACHABLE: an empty mask), enabled [B*(K+1)] bool (positions not UNCONSTRAINED),
-    status [B, K+1] int64)``; ``(None, None, zeros)`` without words (a pure unconstrained step)."""
+    status [B, K+1] int64)``; ``(None, None, zeros)`` without words (a pure unconstrained step).
+
+    Raises:
+        ValueError: ``words`` without ``status``.
+    """
     if words is None:
         return None, None, torch.zeros(b, kp1, dtype=torch.int64, device=device)
     if status is None:
