@@ -161,13 +161,7 @@ def verify(
     Returns:
         :class:`VerifyResult`.
     """
-    b, kp1, v = target_logits.shape
-    k = kp1 - 1
-    dev = target_logits.device
-    col = torch.arange(kp1, device=dev)
-    num_drafts = num_drafts.to(torch.int64).clamp(0, k)
-    valid = col[:k].unsqueeze(0) < num_drafts.unsqueeze(-1)  # [B, K]
-    drafts = torch.where(valid, draft_ids.to(torch.int64), 0).clamp(0, v - 1)
+    num_drafts, valid, drafts = _valid_drafts(draft_ids, num_drafts, target_logits.shape[-1])
     q = _sparse_q(draft_q)
 
     p, perr, status = _position_probs(target_logits, drafts, valid, st, words, status)
@@ -184,6 +178,17 @@ def verify(
 
     err = _draw_error(status, perr, s, eos_end)
     return _assemble(drafts, n_acc, eos_end, drawn, err)
+
+
+def _valid_drafts(
+    draft_ids: torch.Tensor, num_drafts: torch.Tensor, vocab_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """draft_ids ``[B, K]``, num_drafts ``[B]`` → ``(num_drafts [B] int64 clamped to 0..K, valid [B, K] bool,
+    drafts [B, K] int64)``: the proposed columns, with ignored columns 0 and ids clamped into ``[0, V)``."""
+    k = draft_ids.shape[1]
+    num_drafts = num_drafts.to(torch.int64).clamp(0, k)
+    valid = torch.arange(k, device=draft_ids.device).unsqueeze(0) < num_drafts.unsqueeze(-1)
+    return num_drafts, valid, torch.where(valid, draft_ids.to(torch.int64), 0).clamp(0, vocab_size - 1)
 
 
 def _sparse_q(
@@ -321,12 +326,8 @@ def verify_greedy(
     Returns:
         :class:`VerifyResult`, equal to :func:`verify`'s for the same step at temperature 0.
     """
-    b, kp1 = greedy_tokens.shape
-    k = kp1 - 1
-    col = torch.arange(k, device=greedy_tokens.device)
-    num_drafts = num_drafts.to(torch.int64).clamp(0, k)
-    valid = col.unsqueeze(0) < num_drafts.unsqueeze(-1)
-    drafts = torch.where(valid, draft_ids.to(torch.int64), 0).clamp(0, vocab_size - 1)
+    k = greedy_tokens.shape[1] - 1
+    _, valid, drafts = _valid_drafts(draft_ids, num_drafts, vocab_size)
     perr = perr.to(torch.int64)
     healthy = perr[:, :k] == SAMPLE_OK
     n_acc, eos_end = _leading_accepted((drafts == greedy_tokens[:, :k]) & healthy, drafts, valid, eos_ids)
