@@ -324,10 +324,6 @@ def run(args) -> dict:
         torch.set_num_threads(args.threads)
     if args.spec_graphs != "env":
         os.environ["NINFER_SPEC_GRAPHS"] = args.spec_graphs  # read by make_program in build_stack
-    if args.greedy_verify == "off":  # A/B only: all-greedy speculative Finish steps take the general verify
-        from gpu_engine.executor import cuda_graph
-
-        cuda_graph.spec_finish_mode = lambda rows: "filters" if cuda_graph._uses_filters(rows) else "plain"
     max_lanes = max(args.batches)
     sargs = build_parser().parse_args([
         "--port", str(args.port), "--device", args.device, "--model", args.model, "--max-lanes", str(max_lanes),
@@ -337,6 +333,8 @@ def run(args) -> dict:
     engine, frontend, loaded = build_stack(sargs)
     if args.defer_drafts != "auto":
         engine.defer_drafts = args.defer_drafts == "on"
+    if args.greedy_verify == "off" and hasattr(engine.program, "greedy_verify"):  # A/B: all-greedy steps verify
+        engine.program.greedy_verify = False  # with the general verify
     if engine.sidecar is not None:  # the engine is stepped in this thread (no worker thread)
         engine.sidecar.startup_timeout_s = max(engine.sidecar.startup_timeout_s, 600.0)  # loaded CPU hosts
         engine.sidecar.start()

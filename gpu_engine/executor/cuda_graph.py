@@ -96,6 +96,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._device_index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) \
             if self.is_cuda else -1
         self.use_graphs = bool(use_graphs and self.is_cuda)
+        self.greedy_verify = True  # all-greedy speculative steps take the Finish phase's greedy mode (off: A/B)
         if fused_sample is None:  # default: on where the Triton kernel can run
             fused_sample = self.is_cuda and triton_available()
         self.fused_sample = bool(fused_sample)
@@ -425,7 +426,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._spec_in.copy_(self._spec_in_host, non_blocking=self.is_cuda)
         if not masked:
             self._record("mask")
-        mode = spec_finish_mode(rows)
+        mode = spec_finish_mode(rows, self.greedy_verify)
         self._run(self._spec_fin_graphs, (bb, masked, mode), lambda: self._spec_finish_phase(bb, masked, mode))
         self._spec_out_host[:b].copy_(self._spec_out[:b], non_blocking=self.is_cuda)
         self._wait_done(b, masked, speculative=True)
@@ -447,11 +448,11 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 mask_bytes=self._step_mask_bytes, speculative=speculative))
 
 
-def spec_finish_mode(rows) -> str:
+def spec_finish_mode(rows, greedy: bool = True) -> str:
     """The speculative Finish variant of ``rows`` (:data:`SPEC_FINISH_MODES`): ``"greedy"`` when every row
-    has temperature 0 (filters do not change a greedy token), else ``"filters"`` when a row uses top-k,
-    top-p or min-p, else ``"plain"``."""
-    if all(r.sampling.temperature <= 0 for r in rows):
+    has temperature 0 (filters do not change a greedy token) and ``greedy`` is set, else ``"filters"`` when
+    a row uses top-k, top-p or min-p, else ``"plain"``."""
+    if greedy and all(r.sampling.temperature <= 0 for r in rows):
         return "greedy"
     return "filters" if _uses_filters(rows) else "plain"
 

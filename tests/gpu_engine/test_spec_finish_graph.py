@@ -114,7 +114,7 @@ class SlowSidecar(FakeSidecar):
 
 
 def _outcome(executor, device="cpu", victim=None, max_lanes=8, penalties=False, eos=(), slow=False, greedy=False,
-             modes=None):
+             modes=None, greedy_verify=True):
     """Run ``_requests()`` through an engine on ``executor``: per request (tokens, finish reason, error kind,
     drafted, accepted), plus ``num_cached`` after every commit; and the engine. ``eos``: more end-of-sequence
     ids; ``slow``: every Step answer is late once (deferred steps); ``greedy``: every request at temperature 0;
@@ -138,6 +138,8 @@ def _outcome(executor, device="cpu", victim=None, max_lanes=8, penalties=False, 
         cached.append((r.request_id, len(r.output_ids), r.num_cached))
 
     eng._commit = recording_commit
+    if executor != "eager":
+        eng.program.greedy_verify = greedy_verify
     if modes is not None:
         run = eng.program._run
 
@@ -237,6 +239,9 @@ def test_all_greedy_steps_verify_from_the_greedy_tokens():
     mixed = []
     _outcome("spec-graphs", modes=mixed)
     assert "greedy" not in set(mixed) and {"filters", "plain"} & set(mixed)
+    off = []  # greedy_verify off (the benchmark's A/B arm): the same steps through verify
+    got_off, _ = _outcome("spec-graphs", greedy=True, modes=off, greedy_verify=False)
+    assert got_off == ref and off and "greedy" not in set(off)
 
 
 @pytest.mark.gpu
