@@ -45,6 +45,7 @@ git (the device machine), ``$NINFER_GIT_REV``.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -188,10 +189,7 @@ def prepare_jsb(engine, svc, jsb: dict, *, n: int, max_tokens: int, served: list
             if served is not None:
                 served.append(req)
     jsb["schemas"], jsb["ids"] = [s for s, _ in keep], [i for _, i in keep]
-    jsb["subsets"] = {}
-    for sid in jsb["ids"]:
-        sub = subset_of({"id": sid})
-        jsb["subsets"][sub] = jsb["subsets"].get(sub, 0) + 1
+    jsb["subsets"] = dict(collections.Counter(subset_of({"id": sid}) for sid in jsb["ids"]))
     return jsb
 
 
