@@ -2,6 +2,8 @@
 canonical JSON string escapes)."""
 from __future__ import annotations
 
+import functools
+
 from ..errors import ConstraintError
 from ..regex.ebnf import JSON_PLAIN, _cp, class_text, json_literal, repeat
 from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
@@ -71,10 +73,12 @@ j_number ::= NUM
 _SPECIAL = charset.normalize([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])
 
 
-def _string_chars(ranges) -> list[str]:
-    """Alternatives matching the canonical encoding of one string character in `ranges`: the plain ones as
-    one class (negated when that is the shorter form: xgrammar precompiles masks of negated classes much
-    faster), the escaped ones as JSON_ESCAPE when all are in, else one by one."""
+@functools.lru_cache(maxsize=4096)
+def _string_chars(ranges) -> tuple[str, ...]:
+    """Alternatives matching the canonical encoding of one string character in `ranges` (a normalized
+    charset): the plain ones as one class (negated when that is the shorter form: xgrammar precompiles masks
+    of negated classes much faster), the escaped ones as JSON_ESCAPE when all are in, else one by one.
+    Cached by the ranges' value (a DFA has many transitions on the same set)."""
     out = []
     plain = charset.intersect(ranges, JSON_PLAIN)
     if plain:
@@ -89,10 +93,10 @@ def _string_chars(ranges) -> list[str]:
         out.append(JSON_ESCAPE)
     elif special:
         out.append(charset_json(special))
-    return out
+    return tuple(out)
 
 
-def _string_char_except(cps) -> list[str]:
+def _string_char_except(cps) -> tuple[str, ...]:
     """_string_chars of every code point except cps."""
     return _string_chars(charset.subtract(charset.ANY, charset.normalize([(c, c) for c in cps])))
 

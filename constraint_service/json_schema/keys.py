@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..errors import ConstraintError
 from ..regex import AutomatonLimit, build_nfa, charset as cs, parse_regex, search_ast
-from ..regex.automaton import DFA, check_length_bounds, eps_closure, explore, nfa_charsets, step
+from ..regex.automaton import DFA, AtomStepper, check_length_bounds, eps_closure, explore, nfa_charsets, step
 from ..regex.ebnf import json_literal, repeat
 from .ir import NEVER, Object, String, is_empty
 from .formats import LEAP_PATTERNS
@@ -87,27 +87,27 @@ def lang_dfa(pos: tuple, neg: tuple, excluded=(), min_len: int = 0, max_len: int
     def norm_pos(sets):
         return tuple(_DONE if (s is _DONE or s & u) else s for s, u in zip(sets, pu))
 
+    psteps = [AtomStepper(n, atoms) for n in pn]
+    nsteps = [AtomStepper(n, atoms) for n in nn]
+    none = frozenset()
+
     def moves(core):  # core = (positive pattern subsets, negative pattern subsets, trie node or -1)
         ps, ns, tnode = core
+        pper = [None if s is _DONE else st.steps(s) for st, s in zip(psteps, ps)]
+        nper = [st.steps(s) if s else None for st, s in zip(nsteps, ns)]
         out = []
-        for atom in atoms:
-            cp = atom[0][0]
+        for i, atom in enumerate(atoms):
             nps = []
-            dead = False
-            for n, s in zip(pn, ps):
-                if s is _DONE:
-                    nps.append(s)
-                    continue
-                t = step(n, s, cp)
-                if not t:
-                    dead = True
+            for s, d in zip(ps, pper):
+                t = s if d is None else d.get(i)
+                if t is None:
                     break
                 nps.append(t)
-            if dead:
-                continue
-            nns = tuple(step(n, s, cp) if s else s for n, s in zip(nn, ns))
-            nt = trie[tnode].get(cp, -1) if tnode >= 0 and len(atom) == 1 and atom[0][0] == atom[0][1] else -1
-            out.append((atom, (norm_pos(nps), nns, nt)))
+            else:
+                nns = tuple(d.get(i, none) if d is not None else s for s, d in zip(ns, nper))
+                cp = atom[0][0]
+                nt = trie[tnode].get(cp, -1) if tnode >= 0 and len(atom) == 1 and cp == atom[0][1] else -1
+                out.append((atom, (norm_pos(nps), nns, nt)))
         return out
 
     def accepting(core):

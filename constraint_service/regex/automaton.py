@@ -1,6 +1,8 @@
 """Thompson NFA, NFA simulation and on-the-fly product DFAs (used for pattern/length intersection)."""
 from __future__ import annotations
 
+import bisect
+
 from . import charset as cs
 
 
@@ -103,6 +105,48 @@ def step(nfa: NFA, states: frozenset, cp: int) -> frozenset:
     return eps_closure(nfa, nxt) if nxt else frozenset()
 
 
+class AtomStepper:
+    """``step`` of one NFA for every atom at once: ``steps(states)[i]`` is ``step(nfa, states, cp)`` for
+    any ``cp`` of ``atoms[i]`` (absent when empty).
+
+    ``atoms`` are disjoint code-point sets that refine the NFA's character sets (each charset holds an
+    atom whole or not at all, as ``charset.partition`` makes them), so one walk over the states'
+    transitions gives every atom's targets. Epsilon closures are kept by target set (a value, so the
+    stepper is a pure function of the NFA and atoms)."""
+
+    def __init__(self, nfa: NFA, atoms: list) -> None:
+        self.nfa = nfa
+        firsts = sorted((a[0][0], i) for i, a in enumerate(atoms))
+        keys = [f for f, _ in firsts]
+        self.atoms_of: dict = {}  # charset -> indices of the atoms inside it
+        for tr in nfa.trans:
+            for rs, _ in tr:
+                if rs not in self.atoms_of:
+                    self.atoms_of[rs] = [firsts[k][1] for lo, hi in rs
+                                         for k in range(bisect.bisect_left(keys, lo), bisect.bisect_right(keys, hi))]
+        self.closures: dict = {}
+
+    def steps(self, states) -> dict:
+        by_atom: dict = {}
+        trans = self.nfa.trans
+        for s in states:
+            for rs, t in trans[s]:
+                for i in self.atoms_of[rs]:
+                    ts = by_atom.get(i)
+                    if ts is None:
+                        by_atom[i] = {t}
+                    else:
+                        ts.add(t)
+        out = {}
+        for i, ts in by_atom.items():
+            key = frozenset(ts)
+            c = self.closures.get(key)
+            if c is None:
+                c = self.closures[key] = eps_closure(self.nfa, key)
+            out[i] = c
+        return out
+
+
 def nfa_matches(nfa: NFA, text: str) -> bool:
     cur = eps_closure(nfa, [nfa.start])
     for ch in text:
@@ -132,6 +176,17 @@ def check_length_bounds(min_len: int | None, max_len: int | None, bound: int) ->
             raise AutomatonLimit("string_length_bound", f"string automaton length bound {b} exceeds {bound}")
 
 
+def _grouped(out) -> list:
+    """``moves``' ``(atom, next core)`` list as ``(next core, normalized union of its atoms)`` in the
+    order of each next core's first atom. From a state with count c every next core goes to one state
+    (next core, c'), so this grouping is the state's transition list whatever c is: computed once per
+    core rather than once per (core, count) state."""
+    by_next: dict = {}
+    for atom, nxt in out:
+        by_next.setdefault(nxt, []).extend(atom)
+    return [(nxt, cs.normalize(r)) for nxt, r in by_next.items()]
+
+
 def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = None,
             max_states: int = 65_536, dead=None) -> DFA:
     """The pruned DFA of a product construction with a length counter (code points).
@@ -148,27 +203,43 @@ def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = Non
             (dead states and states that cannot reach acceptance are numbered and count too).
     """
     cap = max_len if max_len is not None else min_len
-    index = {(start, 0): 0}
-    order = [(start, 0)]
+    width = cap + 1  # a state (core c, count n) is the int c * width + n
+    ids = {start: 0}  # core -> core id, in first-reached order
+    cores = [start]
+    memo: list = [None]  # per core id: its transitions as (next core id, ranges), or None until first moved
+    kinds: list = [None]  # per core id: 0 dead, 1 live, 2 live and accepting at count >= min_len
+    index = {0: 0}  # state -> DFA state number
+    order = [0]
     dfa = DFA()
     dfa.trans.append([])
-    memo: dict = {}
     i = 0
     while i < len(order):
-        core, cnt = order[i]
-        if dead is not None and dead(core):
+        c, cnt = divmod(order[i], width)
+        kind = kinds[c]
+        if kind is None:
+            core = cores[c]
+            kind = kinds[c] = 0 if dead is not None and dead(core) else 2 if accepting(core) else 1
+        if kind == 0:
             i += 1
             continue
-        if cnt >= min_len and accepting(core):
+        if kind == 2 and cnt >= min_len:
             dfa.accept.add(i)
         if max_len is None or cnt < max_len:
             ncnt = cnt + 1 if cnt < cap else cnt
-            out = memo.get(core)
+            out = memo[c]
             if out is None:
-                out = memo[core] = moves(core)
-            by_target: dict = {}
-            for atom, nxt in out:
-                key = (nxt, ncnt)
+                out = memo[c] = []
+                for nxt, ranges in _grouped(moves(cores[c])):
+                    nc = ids.get(nxt)
+                    if nc is None:
+                        nc = ids[nxt] = len(cores)
+                        cores.append(nxt)
+                        memo.append(None)
+                        kinds.append(None)
+                    out.append((nc * width, ranges))
+            trans = []
+            for base, ranges in out:
+                key = base + ncnt
                 j = index.get(key)
                 if j is None:
                     j = len(order)
@@ -178,8 +249,8 @@ def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = Non
                     index[key] = j
                     order.append(key)
                     dfa.trans.append([])
-                by_target.setdefault(j, []).extend(atom)
-            dfa.trans[i] = [(cs.normalize(r), j) for j, r in by_target.items()]
+                trans.append((ranges, j))
+            dfa.trans[i] = trans
         i += 1
     return prune(dfa)
 
@@ -193,19 +264,12 @@ def product_dfa(nfas: list, min_len: int = 0, max_len: int | None = None,
         sets |= nfa_charsets(n)
     atoms = [a for a in cs.partition(sets) if any(cs.contains(s, a[0][0]) for s in sets)]
 
+    steppers = [AtomStepper(n, atoms) for n in nfas]
+
     def moves(subsets):
-        out = []
-        for atom in atoms:
-            cp = atom[0][0]
-            nxt = []
-            for n, ss in zip(nfas, subsets):
-                t = step(n, ss, cp)
-                if not t:
-                    break
-                nxt.append(t)
-            else:
-                out.append((atom, tuple(nxt)))
-        return out
+        per = [st.steps(ss) for st, ss in zip(steppers, subsets)]
+        common = set(per[0]).intersection(*per[1:]) if per else set()
+        return [(atoms[i], tuple(p[i] for p in per)) for i in sorted(common)]
 
     start = tuple(eps_closure(n, [n.start]) for n in nfas)
     return explore(start, moves, lambda subsets: all(n.final in ss for n, ss in zip(nfas, subsets)),

@@ -37,20 +37,48 @@ def union(*sets) -> Ranges:
     return normalize([r for s in sets for r in s])
 
 
+def _append_scalar(out: list, lo: int, hi: int) -> None:
+    """Append [lo, hi] minus the surrogates to ``out`` (ranges in order)."""
+    if hi < SURR_LO or lo > SURR_HI:
+        out.append((lo, hi))
+        return
+    if lo < SURR_LO:
+        out.append((lo, SURR_LO - 1))
+    if hi > SURR_HI:
+        out.append((SURR_HI + 1, hi))
+
+
 def complement(s: Ranges) -> Ranges:
-    out = []
+    """The scalar values not in ``s`` (``s`` normalized); one pass over its gaps."""
+    out: list = []
     prev = 0
     for lo, hi in s:
         if lo > prev:
-            out.append((prev, lo - 1))
+            _append_scalar(out, prev, lo - 1)
         prev = hi + 1
     if prev <= MAX_CP:
-        out.append((prev, MAX_CP))
-    return normalize(out)
+        _append_scalar(out, prev, MAX_CP)
+    return tuple(out)
 
 
 def intersect(a: Ranges, b: Ranges) -> Ranges:
-    return complement(union(complement(a), complement(b)))
+    """``a`` ∩ ``b`` for normalized sets, by one merge pass (the result is normalized: ranges of one
+    normalized set are neither overlapping nor adjacent, so their pieces are not either)."""
+    out = []
+    i = j = 0
+    na, nb = len(a), len(b)
+    while i < na and j < nb:
+        alo, ahi = a[i]
+        blo, bhi = b[j]
+        lo = alo if alo > blo else blo
+        hi = ahi if ahi < bhi else bhi
+        if lo <= hi:
+            out.append((lo, hi))
+        if ahi < bhi:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
 
 
 def subtract(a: Ranges, b: Ranges) -> Ranges:

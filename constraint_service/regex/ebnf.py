@@ -1,6 +1,7 @@
 """EBNF emission (xgrammar dialect) for regex ASTs and DFAs, raw text or JSON-string-escaped."""
 from __future__ import annotations
 
+import functools
 import json
 
 from . import charset as cs
@@ -59,8 +60,10 @@ def charset_raw(ranges) -> str:
     return class_text(ranges)
 
 
+@functools.lru_cache(maxsize=4096)
 def charset_json(ranges) -> str:
-    """Expression matching the canonical JSON-string encoding of one char of `ranges`."""
+    """Expression matching the canonical JSON-string encoding of one char of `ranges` (a normalized
+    charset; cached by its value)."""
     alts = []
     plain = cs.intersect(ranges, JSON_PLAIN)
     if plain:

@@ -185,15 +185,17 @@ def test_compile_threads_are_capped_at_the_cpus(monkeypatch):
 
 def _blocked_prepare(sv, rid, choices):
     """Start Prepare(rid) on a thread; it stops inside the shard's open until ``go`` is set. Returns
-    (thread, go, outcome dict: "status" = None on success, else the abort status)."""
+    (thread, go, outcome dict: "status" = None on success, else the abort status). Opens after the
+    first one are not held."""
     import threading
 
     entered, go, out = threading.Event(), threading.Event(), {}
     real_open = sv._local.open
 
     def slow_open(*a, **kw):
-        entered.set()
-        go.wait(30)
+        if not entered.is_set():  # only this Prepare's open waits; later ones (the main thread's) go through
+            entered.set()
+            go.wait(30)
         return real_open(*a, **kw)
 
     sv._local.open = slow_open
