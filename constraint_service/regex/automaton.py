@@ -201,7 +201,11 @@ def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = Non
     Raises:
         AutomatonLimit: ``string_automaton_states`` past ``max_states`` states, counted before pruning
             (dead states and states that cannot reach acceptance are numbered and count too).
+        ValueError: ``min_len`` or ``max_len`` is not a non-negative int.
     """
+    for b in (min_len, max_len):
+        if b is not None and (not isinstance(b, int) or b < 0):
+            raise ValueError(f"length bounds must be non-negative ints, got {min_len!r}, {max_len!r}")
     cap = max_len if max_len is not None else min_len
     width = cap + 1  # a state (core c, count n) is the int c * width + n
     ids = {start: 0}  # core -> core id, in first-reached order

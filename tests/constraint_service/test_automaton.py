@@ -140,3 +140,40 @@ def test_length_bound_over_the_limit_is_refused_and_named():
         with pytest.raises(AutomatonLimit, match="9000 exceeds 8192"):
             call(9000, None)
         assert accepts(call(0, 8192), "a" * 8192) and not accepts(call(0, 8192), "a" * 8193)
+
+
+@pytest.mark.parametrize("pattern", ["(ab|b)*-?", "[a-c]{2,4}x|\\d+", "[^ab]+a", ".\\w*[\\u00e9-\\u00ff]?",
+                                     "(\\uD83D\\uDE00|[\\u0100-\\uFFFF])+", "a{0,3}(b|1){2}"])
+def test_atom_stepper_steps_every_atom_like_step(pattern):
+    """AtomStepper.steps(S)[i] == step(nfa, S, cp) for any cp of atom i, on the subsets the NFA reaches,
+    with the atoms in any order (keys.lang_dfa appends a multi-range rest atom at the end)."""
+    import random
+
+    from constraint_service.regex.automaton import AtomStepper, eps_closure, nfa_charsets, step
+
+    nfa = build_nfa(full_ast(parse_regex(pattern)))
+    atoms = cs.partition(nfa_charsets(nfa))
+    rest = cs.subtract(cs.ANY, cs.union(*atoms))
+    atoms = [a for a in atoms + [rest] if a]
+    random.Random(pattern).shuffle(atoms)
+    stepper = AtomStepper(nfa, atoms)
+    seen, todo = set(), [eps_closure(nfa, [nfa.start])]
+    while todo:
+        s = todo.pop()
+        if s in seen:
+            continue
+        seen.add(s)
+        got = stepper.steps(s)
+        for i, atom in enumerate(atoms):
+            for lo, hi in atom:
+                for cp in {lo, hi, (lo + hi) // 2}:
+                    assert got.get(i, frozenset()) == step(nfa, s, cp), (pattern, sorted(s), atom, cp)
+            if i in got:
+                todo.append(got[i])
+    assert len(seen) > 1
+
+
+@pytest.mark.parametrize("min_len,max_len", [(-1, None), (0, -1), (2.0, None), (0, 1.5)])
+def test_explore_refuses_bounds_that_are_not_non_negative_ints(min_len, max_len):
+    with pytest.raises(ValueError, match="non-negative ints"):
+        explore(0, parity_moves, lambda core: True, min_len, max_len)
