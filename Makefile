@@ -9,6 +9,9 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+# Test files run on this many worker processes (pytest-xdist, a file's tests stay on one worker so its
+# module fixtures, e.g. a started stack, are shared); 0 runs them in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup serve test bench-cpu protos clean
 
@@ -32,7 +35,7 @@ serve: setup
 
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench-cpu: setup
 	$(BIN)/python bench/cpu_bench.py
