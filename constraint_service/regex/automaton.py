@@ -210,7 +210,7 @@ def explore(start, moves, accepting, min_len: int = 0, max_len: int | None = Non
     width = cap + 1  # a state (core c, count n) is the int c * width + n
     ids = {start: 0}  # core -> core id, in first-reached order
     cores = [start]
-    memo: list = [None]  # per core id: its transitions as (next core id, ranges), or None until first moved
+    memo: list = [None]  # per core id: its transitions as (next core id * width, ranges), None until first moved
     kinds: list = [None]  # per core id: 0 dead, 1 live, 2 live and accepting at count >= min_len
     index = {0: 0}  # state -> DFA state number
     order = [0]
