@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-JSB_DEV = Path("/work/shared/data/jsonschemabench-maskbench-dev.jsonl.gz")
+JSB_DEV = ROOT.parent / "shared" / "data" / "jsonschemabench-maskbench-dev.jsonl.gz"  # ../shared beside the repo
 #: H200 HBM3e bandwidth, bytes/s (the bound of issue 12's targets).
 HBM_BYTES_PER_S = 4.8e12
 
@@ -95,6 +95,14 @@ def spread(values: Iterable[Optional[float]]) -> dict:
     if not xs:
         return dict(median=None, min=None, max=None, n=0, values=[])
     return dict(median=statistics.median(xs), min=min(xs), max=max(xs), n=len(xs), values=xs)
+
+
+def pct(xs: list[float], q: float) -> float:
+    """q-th percentile (0..100) by nearest rank; nan for an empty list."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 def fmt_spread(s: dict, fmt: str = "") -> str:

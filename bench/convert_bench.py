@@ -28,11 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DEV = ROOT.parent / "shared" / "data" / "jsonschemabench-maskbench-dev.jsonl.gz"
+from bench.bench_common import JSB_DEV, pct, results_path, run_header  # noqa: E402
 
 
 def _load(path: str, every: int) -> list[tuple[str, str]]:
@@ -63,19 +62,14 @@ def worker(tree: str, path: str, every: int) -> None:
         print(json.dumps(out), flush=True)
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def _summary(times: list[float]) -> dict:
-    return {"total_s": sum(times), "p50_ms": 1e3 * statistics.median(times), "p90_ms": 1e3 * _pct(times, 0.9),
-            "p99_ms": 1e3 * _pct(times, 0.99), "max_ms": 1e3 * max(times), "n": len(times)}
+    return {"total_s": sum(times), "p50_ms": 1e3 * statistics.median(times), "p90_ms": 1e3 * pct(times, 90),
+            "p99_ms": 1e3 * pct(times, 99), "max_ms": 1e3 * max(times), "n": len(times)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(DEV), help="JSONSchemaBench-format .jsonl.gz (records with id, schema)")
+    ap.add_argument("--data", default=str(JSB_DEV), help="JSONSchemaBench-format .jsonl.gz (records with id, schema)")
     ap.add_argument("--baseline-tree", required=False, help="another checkout of this project (e.g. a worktree of an older revision)")
     ap.add_argument("--every", type=int, default=1, help="take every N-th schema")
     ap.add_argument("--chunk", type=int, default=300, help="schemas per turn")
@@ -85,8 +79,6 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.data, args.every)
         return
-    from bench.bench_common import results_path, run_header
-
     trees = {"this": str(ROOT)}
     if args.baseline_tree:
         trees["baseline"] = str(Path(args.baseline_tree).resolve())

@@ -35,15 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_common import pct  # noqa: E402
+
 PROMPT = "Write a short story about a lighthouse keeper."
-
-
-def pct(xs: list[float], q: float) -> float:
-    """q-th percentile (0..100) by nearest rank; nan for an empty list."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 async def grpc_round(target: str, n: int, max_tokens: int) -> dict:
