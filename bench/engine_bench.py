@@ -6,6 +6,7 @@ usage:
          [--baseline] [--out FILE.json]
   python bench/engine_bench.py --quick                   # CPU smoke run of every code path
   python bench/engine_bench.py --plot FILE.json          # plots + table from saved results (no device)
+  python bench/engine_bench.py merge OUT.json PART.json PART.json...   # one result from runs split by --batches
 
 Honest-benchmark rules (issue 12): every (model, B, variant) is a closed loop at constant concurrency
 (finished rows replaced at once, every variant) measured over ``--steps`` (default 400) steps after
@@ -197,6 +198,44 @@ class Workload:
             return ConstraintRef("grammar", GBNF)
         return ConstraintRef("regex", REGEX)
 
+    def warm(self, threads: int = 8) -> dict:
+        """Compile every schema of a JSON Schema variant once before anything is measured (Prepare, then
+        Close of an empty session, ``threads`` at a time), so that no measured window holds a cold compile:
+        cold compiles are ``bench/compile_bench.py``'s subject; this benchmark's is the steady state. A
+        schema the sidecar refuses is dropped and listed in ``rejected`` as :meth:`make` does.
+
+        Returns:
+            ``{"schemas", "seconds", "refused"}``: schemas compiled, wall seconds, schemas refused here.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ninfer_common.errors import RequestError
+
+        if self.variant not in ("json_schema", "json_schema_jsb"):
+            return dict(schemas=0, seconds=0.0, refused=0)
+        sidecar = self.engine.sidecar
+
+        def one(i_src):
+            i, src = i_src
+            rid = f"warm-{self.variant}-{i}-{time.monotonic_ns()}"
+            try:
+                info = sidecar.prepare(rid, "json_schema", src, [], b"")
+            except RequestError as e:
+                return src, f"{e.kind}: {str(e)[:200]}"
+            sidecar.close(rid, [], info.generation)
+            return src, None
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            outcomes = list(pool.map(one, enumerate(list(self.schemas))))
+        refused = 0
+        for src, err in outcomes:
+            if err is not None:
+                self.rejected[src[:200]] = err
+                self.schemas.remove(src)
+                refused += 1
+        return dict(schemas=len(outcomes), seconds=time.perf_counter() - t0, refused=refused)
+
     def make(self, max_tokens: int | None = None):
         """A prepared :class:`Request` and its submit time (taken before Prepare)."""
         from gpu_engine.core.request import Request, SamplingOptions
@@ -261,6 +300,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
         if i == warm_steps:
             tok0, h2d0, t_start = st.tokens, st.mask_h2d_bytes, time.perf_counter()
             phase0, work0 = dict(st.host_phase_s), (st.sidecar_work_s, st.sidecar_steps)
+            after0 = st.steps_sent_after
             seq0 = engine._seq  # Step messages after this one are measured (step_trace)
             timings0 = len(getattr(prog, "step_timings", []))
             w0 = len(st.per_step_wait_ms)
@@ -317,6 +357,9 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                sidecar_work_ms_mean=(1e3 * (st.sidecar_work_s - work0[0]) / (st.sidecar_steps - work0[1])
                                      if st.sidecar_steps > work0[1] else None),
                step_trace_ms=trace,
+               # Step messages sent after the forward launch (--step-send after / auto), per answered Step
+               step_sent_after_frac=((st.steps_sent_after - after0) / (st.sidecar_steps - work0[1])
+                                     if st.sidecar_steps > work0[1] else None),
                )
     if hbm is not None and decode_times and live_kv:
         bound = hbm_bound_ms(hbm[0], statistics.fmean(live_kv), hbm[1])
@@ -550,7 +593,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
               jsb: list[str] | None = None) -> dict:
     import torch
 
-    max_lanes = max(args.batches)
+    max_lanes = max(args.max_lanes or 0, max(args.batches))
     if random_weights:
         loaded = load_shape(model, args.device, max_lanes, args.max_seq_len, args.model)
     else:
@@ -564,7 +607,9 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             step_transport=args.step_transport, finish=args.finish)
     if args.publish == "immediate":  # A/B of deferred publishing (gpu_engine.engine.output); default: the engine's
         engine.defer_publish = False
-    engine.send_after_launch = args.step_send == "after"  # A/B of the Step's place around the forward launch
+    from gpu_engine.engine.step_send import StepSendPolicy
+
+    engine.step_send = StepSendPolicy(args.step_send)  # the Step's place around the forward launch (A/B, auto)
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
@@ -572,7 +617,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
                step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
-               send_after_launch=engine.send_after_launch,
+               step_send=engine.step_send.mode,
                fused_sample=getattr(engine.program, "fused_sample", False),
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
@@ -591,6 +636,11 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
         return Workload(engine, loaded, variant, schemas, args.max_tokens, jsb=jsb_live,
                         rejected=res["jsb_rejected_by_sidecar"])
     try:
+        for variant in variants:  # every schema compiled before any window (Workload.warm)
+            if variant in ("json_schema", "json_schema_jsb"):
+                res.setdefault("compile_warmup", {})[variant] = w = work(variant).warm()
+                print(f"  {variant}: {w['schemas']} schemas compiled in {w['seconds']:.1f} s before the runs "
+                      f"({w['refused']} refused)", flush=True)
         for variant in variants:
             res["ttft_single"][variant] = ttft_single(engine, work(variant), args.ttft_reps)
         for b in args.batches:
@@ -771,7 +821,98 @@ def plot(res: dict, out_prefix: Path) -> list[str]:
     return files
 
 
+#: settings that may differ between the parts of one merged run (each part lists its own in ``parts``)
+PART_SETTINGS = ("batches",)
+
+
+def merge(parts: list[dict]) -> dict:
+    """One results document from runs of the same revision split by batch size (``--batches``), e.g. to
+    keep each command under a device's per-command time limit.
+
+    Per model (matched by label): the runs of every part, ordered by B then variant; the TTFT, compile
+    warm-up and micro figures of the first part that has them; the baselines of every part; the JSB
+    refusals of all parts. ``settings["batches"]`` is the union; ``parts`` keeps each part's date,
+    command and batches; ``command`` joins the parts' commands with `` ; ``; ``date`` is the first part's.
+
+    Raises:
+        ValueError: fewer than two parts; parts of different revisions, devices or settings (other than
+            :data:`PART_SETTINGS`); a model missing from a part or built with other ``max_lanes``; or a
+            (model, B, variant) run or a baseline (B, variant) in more than one part.
+    """
+    if len(parts) < 2:
+        raise ValueError("merge needs at least two results files")
+    first = parts[0]
+    for p in parts[1:]:
+        for key in ("revision", "device"):
+            if p.get(key) != first.get(key):
+                raise ValueError(f"parts differ in {key}: {first.get(key)!r} vs {p.get(key)!r}")
+        a = {k: v for k, v in first.get("settings", {}).items() if k not in PART_SETTINGS}
+        b = {k: v for k, v in p.get("settings", {}).items() if k not in PART_SETTINGS}
+        if a != b:
+            diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise ValueError(f"parts differ in settings {diff}")
+        if [m["label"] for m in p["models"]] != [m["label"] for m in first["models"]]:
+            raise ValueError("parts hold different models: "
+                             f"{[m['label'] for m in first['models']]} vs {[m['label'] for m in p['models']]}")
+        for m0, m in zip(first["models"], p["models"]):
+            if m0.get("max_lanes") != m.get("max_lanes"):
+                raise ValueError(f"{m0['label']}: parts differ in max_lanes ({m0.get('max_lanes')} vs "
+                                 f"{m.get('max_lanes')}): give both the same --max-lanes")
+    out = {k: v for k, v in first.items() if k not in ("models", "command", "settings")}
+    out["command"] = " ; ".join(p["command"] for p in parts)
+    out["parts"] = [dict(date=p.get("date"), command=p.get("command"), batches=p.get("settings", {}).get("batches"),
+                         loadavg_at_start=p.get("loadavg_at_start")) for p in parts]
+    out["settings"] = dict(first.get("settings", {}))
+    out["settings"]["batches"] = sorted({b for p in parts for b in p.get("settings", {}).get("batches", [])})
+    if any(p.get("errors") for p in parts):
+        out["errors"] = [e for p in parts for e in p.get("errors", [])]
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    out["models"] = []
+    for i, m0 in enumerate(first["models"]):
+        ms = [p["models"][i] for p in parts]
+        m = {k: v for k, v in m0.items() if k not in ("runs", "baseline", "micro", "ttft_single")}
+        runs = [r for x in ms for r in x["runs"]]
+        base = [b for x in ms for b in x.get("baseline", [])]
+        for what, keys in (("run", [(r["batch"], r["variant"]) for r in runs]),
+                           ("baseline", [(b["batch"], b["variant"]) for b in base])):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            if dup:
+                raise ValueError(f"{m0['label']}: {what} (B, variant) {dup} in more than one part")
+        m["runs"] = sorted(runs, key=lambda r: (r["batch"], order.get(r["variant"], len(order))))
+        if base:
+            m["baseline"] = sorted(base, key=lambda b: (b["batch"], b["variant"]))
+        m["micro"] = sorted((x for p in ms for x in p.get("micro", [])), key=lambda x: x.get("batch", 0))
+        m["ttft_single"] = next((x["ttft_single"] for x in ms if x.get("ttft_single")), {})
+        if any("compile_warmup" in x for x in ms):
+            m["compile_warmup"] = next(x["compile_warmup"] for x in ms if "compile_warmup" in x)
+        m["jsb_rejected_by_sidecar"] = {k: v for x in ms for k, v in (x.get("jsb_rejected_by_sidecar") or {}).items()}
+        out["models"].append(m)
+    return out
+
+
+def merge_main(argv: list[str]) -> int:
+    """``merge OUT.json PART.json...``: write :func:`merge` of the parts, print its table, plot it."""
+    if len(argv) < 3:
+        print("usage: python bench/engine_bench.py merge OUT.json PART.json PART.json...", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    res = merge([json.loads(Path(p).read_text()) for p in argv[1:]])
+    res["command"] += " ; " + " ".join(["python", "bench/engine_bench.py", "merge", out.name]
+                                       + [Path(p).name for p in argv[1:]])
+    out.write_text(json.dumps(res, indent=1))
+    print("\n".join(summary(res)))
+    print("results:", out)
+    try:
+        print("plots:", plot(res, out.with_suffix("")))
+    except ImportError:
+        print("matplotlib missing: plot later with --plot", out)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "merge":
+        return merge_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--model", default="SmolLM2-135M-Instruct", help="real-weights model (name or .gguf path)")
@@ -779,8 +920,10 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", nargs="*", default=[],
                     help="random-weights shapes: llama-8b-random (Llama-3.1-8B), qwen3-8b-random (Qwen3-8B + "
                     "the real Qwen3 tokenizer), any gpu_engine.model.config preset")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 8 32 64 (--quick: 1 2)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--max-lanes", type=int, default=0,
+                    help="engine lanes (default: the largest B); give the same value to runs split by --batches")
     ap.add_argument("--max-tokens", type=int, default=64, help="per request; finished rows are replaced")
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=400, help="measured steps per (batch, variant, repeat)")
@@ -804,9 +947,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")
-    ap.add_argument("--step-send", choices=["before", "after"], default="before",
-                    help="a plain step's Step message before its forward launch (default) or right after it "
-                         "(Engine.send_after_launch; A/B runs)")
+    ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
+                    help="a plain step's Step message before its forward launch, right after it, or chosen from the "
+                         "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")
     ap.add_argument("--step-trace", action="store_true",
                     help="time every Step message's legs in both processes (step_trace_ms in the results)")
     ap.add_argument("--mask-soft-wait", type=float, default=None,
@@ -821,7 +964,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-compile", action="store_true",
                     help="let transformers torch.compile its static-cache forward (compiles per batch size)")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run (CPU-sized): B 1 2, 12 steps after 2 warm-up, 2 repeats, 3 JSB schemas, 8 tokens")
+                    help="smoke run (CPU-sized): B 1 2 (unless --batches), 12 steps after 2 warm-up, 2 repeats, 3 JSB schemas, 8 tokens")
     ap.add_argument("--out", default=None,
                     help="results JSON (default bench/results/engine_bench_<date>_<device>.json; plots beside)")
     ap.add_argument("--plot", default=None, help="only plot + print the table of an existing results JSON")
@@ -834,8 +977,9 @@ def main(argv=None) -> int:
     if args.step_trace:  # before the sidecar starts: it inherits the variable (constraint_service.server)
         os.environ["NINFER_STEP_TRACE"] = os.path.join(tempfile.mkdtemp(prefix="ninfer-steptrace-"), "trace")
     if args.quick:
-        args.batches, args.steps, args.warm_steps, args.repeats = [1, 2], 12, 2, 2
+        args.batches, args.steps, args.warm_steps, args.repeats = args.batches or [1, 2], 12, 2, 2
         args.ttft_reps, args.jsb, args.max_tokens = 1, min(args.jsb, 3), min(args.max_tokens, 8)
+    args.batches = args.batches or [1, 8, 32, 64]
     schemas = load_schemas(Path(args.schemas))
     jsb = jsb_sample(args.jsb) if args.jsb > 0 and "json_schema_jsb" in args.variants else None
     out = results_path("engine_bench", args.device, args.out)

@@ -76,11 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a step with constrained and unconstrained rows waits this long for the sidecar's masks, "
                          "then samples the unconstrained rows alone; the constrained ones get theirs when the "
                          "answer comes (or are parked past --sidecar-deadline). 0 = always wait; default 200")
-    ap.add_argument("--step-send", choices=["before", "after"], default="before",
+    ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",  # step_send.STEP_SEND_MODES
                     help="where a step without drafts sends its Step message to the sidecar: before its forward "
-                         "launch (default) or right after it. 'after' starts the forward sooner and the sidecar later: "
-                         "it pays only when the sidecar's Step work is well under the forward (a large model; "
-                         "README 'Step after launch')")
+                         "launch or right after it. 'after' starts the forward sooner and the sidecar later: it pays "
+                         "only when the sidecar's Step work is well under the forward (a large model; README 'Step "
+                         "after launch'). 'auto' (default) chooses from the measured Step work and forward time: "
+                         "after while the work is under 0.6x the forward, before again from 0.8x; before until "
+                         "measured (a CPU engine records no forward times: always before)")
     ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",
                     help="past N sidecar restarts within 60 s, constrained requests fail with "
                          "ConstraintServiceUnavailable instead of waiting for it (default 5)")
@@ -163,7 +165,7 @@ def build_stack(args: argparse.Namespace):
     program.prefill_token_budget = max(1, args.prefill_token_budget)
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
                     num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3,
-                    send_after_launch=args.step_send == "after")
+                    step_send=args.step_send)
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
 

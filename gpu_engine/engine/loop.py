@@ -43,6 +43,7 @@ from gpu_engine.engine.closing import Closing
 from gpu_engine.engine.drafting import Drafting
 from gpu_engine.engine.mask_wait import DEFAULT_MASK_SOFT_WAIT_S, DEFERRED, MaskWait
 from gpu_engine.engine.output import OutputPublishing
+from gpu_engine.engine.step_send import StepSendPolicy
 from gpu_engine.engine.supervision import Supervision
 from gpu_engine.engine.metrics import EngineMetrics
 from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
@@ -76,11 +77,14 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             instead of before it (``serve --step-send after``): the GPU starts sooner, the sidecar later.
             On the H200 it raised Qwen3-8B-shape JSON Schema decode at B = 64 by 4-7% and cut SmolLM2's by
             up to 47% (the sidecar's Step work is longer than SmolLM2's forward); README "Step after launch".
+        step_send: ``"before"``, ``"after"`` or ``"auto"`` (chosen from the measured Step work and forward
+            time: :mod:`gpu_engine.engine.step_send`); overrides ``send_after_launch`` when given.
     """
 
     def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
                  spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0,
-                 mask_soft_wait_s: float = DEFAULT_MASK_SOFT_WAIT_S, send_after_launch: bool = False) -> None:
+                 mask_soft_wait_s: float = DEFAULT_MASK_SOFT_WAIT_S, send_after_launch: bool = False,
+                 step_send: str | None = None) -> None:
         self.program = program
         self.vocab = vocab
         self.eos = frozenset(vocab.eos_ids)
@@ -115,8 +119,18 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         # Deferred publishing (gpu_engine.engine.output): on CUDA a step's Deltas go out during the next forward
         self.defer_publish = program.device.type == "cuda"
         self._outbox: list[Request] = []
-        self.send_after_launch = bool(send_after_launch)
+        self.step_send = StepSendPolicy(step_send or ("after" if send_after_launch else "before"))
         program.eos_ids = tuple(sorted(self.eos))  # speculative verify ends a row at an accepted EOS draft
+
+    @property
+    def send_after_launch(self) -> bool:
+        """True while plain steps send their Step message right after the forward launch (the policy's
+        current choice, :attr:`step_send`); setting it fixes the mode to "after" or "before"."""
+        return self.step_send.after
+
+    @send_after_launch.setter
+    def send_after_launch(self, after: bool) -> None:
+        self.step_send = StepSendPolicy("after" if after else "before")
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -267,7 +281,12 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         host-wait time on the sidecar's answer (0 on an unconstrained step)."""
         st = self.stats
         if timings is not None and len(timings) > n_timings:
-            busy = sum(t.forward_ms + t.finish_ms for t in timings[n_timings:])
+            new = timings[n_timings:]
+            busy = sum(t.forward_ms + t.finish_ms for t in new)
+            if self.step_send.mode == "auto":  # a decode forward's event time feeds the Step-send choice
+                for t in new:
+                    if not t.prefill and not t.speculative:
+                        self.step_send.observe_forward(t.forward_ms)
             st.per_step_gpu_busy_ms.append(busy)
             st.per_step_gpu_idle_ms.append(max(0.0, dt * 1e3 - busy))
             st.idle_source = "cuda_events"
@@ -316,10 +335,11 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             logits = prog.forward(batch)
             self._resolve_deferred(drafts, draft_q, deferred, dt)
             batch = batch.with_drafts(drafts, draft_q, device=prog.device)
-        elif self.send_after_launch and not drafts and (constrained or closing):
+        elif self.step_send.after and not drafts and (constrained or closing):
             # Step after launch: the forward is queued first, the Step goes out while it runs (a sidecar
             # found gone below leaves the rows of the forward as they are: masks off, parked rows dropped)
             batch, logits = self._launch_forward(rows, drafts, draft_q, slot)
+            st.steps_sent_after += 1
         tp = now()
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
         st.add_phase("send", tp, now())

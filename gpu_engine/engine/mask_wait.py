@@ -58,7 +58,8 @@ class _PendingStep:
 
 class MaskWait:
     """Mask wait with deferral; uses ``self.sidecar``, ``self.ring``, ``self.program``, ``self.stats``,
-    ``self.metrics``, ``self._finish``, ``self._closed``, ``self._sidecar_lost``, ``self._sample_commit``."""
+    ``self.step_send``, ``self.metrics``, ``self._finish``, ``self._closed``, ``self._sidecar_lost``,
+    ``self._sample_commit``."""
 
     _pending: _PendingStep | None
     mask_soft_wait_s: float
@@ -124,6 +125,7 @@ class MaskWait:
             return DEFERRED
         results, work = got
         self.stats.sidecar_work_s += work
+        self.step_send.observe_work(work * 1e3)
         self.stats.sidecar_steps += 1
         by_id = {x.request_id: x for x in results}
         self._closed(closing, by_id)

@@ -49,6 +49,7 @@ class EngineStats:
     host_phase_s: dict[str, float] = field(default_factory=dict)
     sidecar_work_s: float = 0.0  # the sidecar's own time on the answered Step messages (StepResponse.work_seconds)
     sidecar_steps: int = 0  # Step answers counted in sidecar_work_s
+    steps_sent_after: int = 0  # steps whose Step message went out after their forward launch (step_send)
 
     def add_phase(self, name: str, t0: float, t1: float) -> float:
         """Add ``t1 - t0`` seconds to phase ``name``; returns ``t1`` (the next phase's start)."""

@@ -5,11 +5,12 @@ import pytest
 
 from gpu_engine.engine.loop import Engine
 from gpu_engine.engine.stats import EngineStats
+from gpu_engine.engine.step_send import StepSendPolicy
 from gpu_engine.executor.graph_buckets import StepTiming
 
 
 def _engine(program):
-    return SimpleNamespace(stats=EngineStats(), program=program)
+    return SimpleNamespace(stats=EngineStats(), program=program, step_send=StepSendPolicy("auto"))
 
 
 def _timing(fwd, gap, fin):
@@ -26,6 +27,7 @@ def test_cuda_events_idle_is_wall_minus_forward_and_finish():
     assert st.per_step_gpu_busy_ms == [pytest.approx(3.0)]
     assert st.per_step_gpu_idle_ms == [pytest.approx(1.5)]
     assert st.per_step_wall_ms == [pytest.approx(4.5)] and st.per_step_prefill == [False]
+    assert eng.step_send.num_forward == 1 and eng.step_send.forward_ms == pytest.approx(2.0)  # the new event only
 
 
 def test_cpu_idle_is_the_host_wait_on_the_sidecar():

@@ -92,9 +92,10 @@ def test_a_sidecar_lost_after_the_launch_parks_the_constrained_rows(rig, executo
     assert got == ref  # the plain rows kept their draws; the replayed rows decoded the same tokens
 
 
-@pytest.mark.parametrize("flag, expected", [(None, False), ("before", False), ("after", True)])
+@pytest.mark.parametrize("flag, expected", [(None, False), ("before", False), ("after", True), ("auto", False)])
 def test_serve_step_send_reaches_the_engine(flag, expected):
-    """``ninfer serve --step-send after`` turns it on (default: before); the stack is built, not started."""
+    """``ninfer serve --step-send after`` turns it on (default: auto, which starts before: nothing measured
+    yet); the stack is built, not started."""
     import socket
 
     from gpu_engine.api.serve import build_parser, build_stack
@@ -106,7 +107,8 @@ def test_serve_step_send_reaches_the_engine(flag, expected):
             "--max-seq-len", "64"] + (["--step-send", flag] if flag else [])
     engine, _, _ = build_stack(build_parser().parse_args(argv))
     try:
-        assert engine.send_after_launch is expected
+        assert engine.send_after_launch is expected  # auto starts before (no measurements yet)
+        assert engine.step_send.mode == (flag or "auto")
     finally:
         engine.sidecar.stop()  # never started: removes its private socket directory
         engine.program.close()

@@ -1,0 +1,153 @@
+"""bench/engine_bench.py without a device: ``merge`` of runs split by batch size, and the compile warm-up
+that keeps cold compiles out of the measured windows (a stand-in sidecar)."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import engine_bench as eb  # noqa: E402
+from ninfer_common.errors import RequestError  # noqa: E402
+
+
+def _run(b, v, tps=100.0):
+    return dict(batch=b, variant=v, tokens_per_s=tps, decode_tokens_per_s=tps, tokens_per_s_spread={},
+                mask_h2d_bytes_per_step=0, ttft_ms_p50=1.0, itl_ms_p50=1.0, itl_ms_p99=2.0)
+
+
+def _part(batches, variants=("none", "json_schema"), rev="abc", baseline=True, date="d", **settings):
+    m = dict(label="smollm2-135m", model="m", random_weights=False, vocab_size=10, dtype="bf16", max_lanes=128,
+             runs=[_run(b, v, 10.0 * b) for b in batches for v in variants],
+             ttft_single={v: dict(ttft_ms_p50=1.0, cache=["hit"]) for v in variants}, micro=[dict(batch=b) for b in batches],
+             jsb_rejected_by_sidecar={f"s{batches[0]}": "CompileTimeout: x"}, compile_warmup={"json_schema": {}})
+    if baseline:
+        m["baseline"] = [dict(batch=b, variant=v, tokens_per_s=1.0) for b in batches if b <= 64 for v in variants]
+    return dict(date=date, device="H200", revision=rev, command=f"engine_bench --batches {batches}",
+                settings=dict(steps=400, repeats=3, batches=list(batches), **settings), models=[m])
+
+
+def test_merge_joins_runs_in_batch_and_variant_order():
+    a, b = _part([64, 128], date="t1"), _part([1, 32], date="t0")
+    out = eb.merge([a, b])
+    m = out["models"][0]
+    assert [(r["batch"], r["variant"]) for r in m["runs"]] == [
+        (1, "none"), (1, "json_schema"), (32, "none"), (32, "json_schema"), (64, "none"), (64, "json_schema"),
+        (128, "none"), (128, "json_schema")]
+    assert [(x["batch"], x["variant"]) for x in m["baseline"]] == [
+        (1, "json_schema"), (1, "none"), (32, "json_schema"), (32, "none"), (64, "json_schema"), (64, "none")]
+    assert [x["batch"] for x in m["micro"]] == [1, 32, 64, 128]
+    assert out["settings"]["batches"] == [1, 32, 64, 128] and out["date"] == "t1"
+    assert out["command"] == a["command"] + " ; " + b["command"]
+    assert [p["batches"] for p in out["parts"]] == [[64, 128], [1, 32]]
+    assert set(m["jsb_rejected_by_sidecar"]) == {"s64", "s1"}
+    assert a["models"][0]["runs"][0]["batch"] == 64  # the parts are not changed
+
+
+@pytest.mark.parametrize("change, what", [
+    (lambda p: p.update(revision="other"), "revision"),
+    (lambda p: p.update(device="A100"), "device"),
+    (lambda p: p["settings"].update(steps=48), "settings"),
+    (lambda p: p["models"][0].update(label="qwen"), "models"),
+    (lambda p: p["models"][0].update(max_lanes=32), "max_lanes"),
+])
+def test_merge_refuses_parts_that_are_not_one_run(change, what):
+    a, b = _part([1]), _part([32])
+    change(b)
+    with pytest.raises(ValueError, match=what):
+        eb.merge([a, b])
+
+
+def test_merge_refuses_a_run_or_baseline_in_two_parts():
+    with pytest.raises(ValueError, match="run"):
+        eb.merge([_part([1, 32]), _part([32, 64], baseline=False)])
+    a, b = _part([1]), _part([32])
+    b["models"][0]["baseline"].append(copy.deepcopy(a["models"][0]["baseline"][0]))
+    with pytest.raises(ValueError, match="baseline"):
+        eb.merge([a, b])
+    with pytest.raises(ValueError, match="two"):
+        eb.merge([_part([1])])
+
+
+def test_merge_command_writes_a_document_readme_tables_can_render(tmp_path):
+    paths = []
+    for i, bs in enumerate(([1, 32], [64])):
+        p = tmp_path / f"p{i}.json"
+        p.write_text(json.dumps(_part(bs)))
+        paths.append(str(p))
+    out = tmp_path / "m.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_bench.py"), "merge", str(out)] + paths,
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["command"].endswith(f"engine_bench.py merge {out.name} p0.json p1.json")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_tables
+
+    table = readme_tables.engine_tables(doc)
+    assert "| 1 |" in table and "| 32 |" in table and "| 64 |" in table
+
+
+class FakeSidecar:
+    """Prepare refuses sources containing "bad"; Close must follow each Prepare; calls may overlap."""
+
+    generation = 3
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.open: set[str] = set()
+        self.prepared: list[str] = []
+        self.closed = 0
+
+    def prepare(self, rid, kind, source, choices, prefix):
+        assert kind == "json_schema"
+        if "bad" in source:
+            raise RequestError("InvalidSchema", "no")
+        with self.lock:
+            self.open.add(rid)
+            self.prepared.append(source)
+        return type("Info", (), dict(generation=self.generation))()
+
+    def close(self, rid, tokens, generation):
+        assert tokens == [] and generation == self.generation
+        with self.lock:
+            self.open.remove(rid)
+            self.closed += 1
+
+
+class _Loaded:
+    class tokenizer:
+        @staticmethod
+        def encode(text):
+            return [1, 2, 3]
+
+    @staticmethod
+    def render_chat(msgs):
+        return msgs[0]["content"]
+
+
+@pytest.mark.parametrize("variant", ["json_schema", "json_schema_jsb"])
+def test_warm_compiles_every_schema_once_and_drops_refusals(variant):
+    sc = FakeSidecar()
+    engine = type("E", (), dict(sidecar=sc))()
+    schemas = [f'{{"title": "s{i}"}}' for i in range(10)] + ['{"bad": 1}']
+    rejected = {}
+    w = eb.Workload(engine, _Loaded, variant, list(schemas) if variant == "json_schema" else [], 8,
+                    jsb=list(schemas) if variant == "json_schema_jsb" else None, rejected=rejected)
+    got = w.warm(threads=4)
+    assert got["schemas"] == 11 and got["refused"] == 1 and got["seconds"] >= 0
+    assert sorted(sc.prepared) == sorted(schemas[:10]) and sc.closed == 10 and not sc.open
+    assert w.schemas == schemas[:10] and list(rejected) == ['{"bad": 1}']
+
+
+def test_warm_leaves_other_variants_alone():
+    sc = FakeSidecar()
+    w = eb.Workload(type("E", (), dict(sidecar=sc))(), _Loaded, "regex", ["{}"], 8)
+    assert w.warm() == dict(schemas=0, seconds=0.0, refused=0) and not sc.prepared
