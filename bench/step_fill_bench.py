@@ -41,7 +41,8 @@ class Ctx:
         raise RuntimeError(status)
 
 
-def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int = 1):
+def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int = 1, padding_fill: str = "auto"):
+    import constraint_service.backend.xgrammar_backend as xb
     from constraint_service.server import ConstraintServicer, SidecarOptions
     from ninfer.constraint.v1 import constraint_pb2 as pb
     from shared_memory.layout import RingGeometry
@@ -54,6 +55,13 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int =
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
         eos_ids=list(vocab.eos_ids)), Ctx())
+    keep = xb.NARROW_FILL_MIN_PADDING
+    if padding_fill == "wide":  # xgrammar knows all V ids (the fills before narrow fills existed)
+        xb.NARROW_FILL_MIN_PADDING = 10**12
+    try:
+        sv._compiler.backend  # noqa: B018 - built now, under the setting
+    finally:
+        xb.NARROW_FILL_MIN_PADDING = keep
     sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
                                        num_lanes=geo.num_lanes, num_positions=geo.num_positions,
                                        num_words=ring.geometry.num_words), Ctx())
@@ -70,6 +78,11 @@ def main(argv=None) -> int:
                     help="xgrammar batch-fill threads (0 = the sidecar's auto); one servicer per (chunks, threads)")
     ap.add_argument("--shards", type=int, nargs="+", default=[1],
                     help="sidecar Step shards (processes); one servicer per (chunks, threads, shards)")
+    ap.add_argument("--pad-to", type=int, default=0,
+                    help="pad the vocabulary to this V (as the 8B-shape benches pad SmolLM2's to 128,256)")
+    ap.add_argument("--padding-fill", nargs="+", default=["auto"], choices=["auto", "wide"],
+                    help="auto: the backend's rule (narrow fills from NARROW_FILL_MIN_PADDING padding ids); wide: "
+                         "xgrammar knows all V ids; one servicer per value")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--switch-interval", type=float, default=0.0,
@@ -82,11 +95,17 @@ def main(argv=None) -> int:
     from ninfer.constraint.v1 import constraint_pb2 as pb
 
     vocab = load_vocabulary_from_gguf(args.model)
+    if args.pad_to > vocab.vocab_size:
+        import dataclasses
+
+        vocab = dataclasses.replace(vocab, vocab_size=args.pad_to)
     eos = set(vocab.eos_ids)
     schemas = [json.dumps(s) for s in json.loads((ROOT / "bench" / "schemas_sample.json").read_text())["schemas"]]
-    configs = [(c, n, k) for c in args.chunks for n in args.fill_threads for k in args.shards]
-    labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'} step_shards={k}" for c, n, k in configs]
-    svs = [_servicer(vocab, args.rows, c, n, k) for c, n, k in configs]
+    configs = [(c, n, k, f) for c in args.chunks for n in args.fill_threads for k in args.shards
+               for f in args.padding_fill]
+    labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'} step_shards={k}" + (f" padding_fill={f}" if
+              len(args.padding_fill) > 1 or f != "auto" else "") for c, n, k, f in configs]
+    svs = [_servicer(vocab, args.rows, c, n, k, f) for c, n, k, f in configs]
     rng = np.random.default_rng(args.seed)
     n = [0]
 
@@ -136,6 +155,7 @@ def main(argv=None) -> int:
             pending[i] = [int(rng.choice(non_eos))]
             length[i] += 1
     res = run_header("cpu", rows=args.rows, steps=args.steps, warmup=args.warmup, requests=n[0],
+                     vocab_size=vocab.vocab_size, tokenizer_tokens=len(vocab.token_bytes),
                      switch_interval_s=sys.getswitchinterval(),
                      ring_mismatches=mismatches, results={})
     base = statistics.median(times[0])

@@ -105,15 +105,29 @@ class FakeSidecar:
         self.open: set[str] = set()
         self.prepared: list[str] = []
         self.closed = 0
+        self.inflight = 0
+        self.both = threading.Barrier(2, timeout=5)
 
     def prepare(self, rid, kind, source, choices, prefix):
         assert kind == "json_schema"
         if "bad" in source:
             raise RequestError("InvalidSchema", "no")
         with self.lock:
-            self.open.add(rid)
-            self.prepared.append(source)
-        return type("Info", (), dict(generation=self.generation))()
+            self.inflight += 1
+            busy = self.inflight > 1
+        try:
+            if "slow" in source:  # misses the deadline unless it compiles alone
+                if "never" in source or busy:
+                    raise RequestError("CompileTimeout", "compiling took longer than 10 s")
+            elif "pair" in source:
+                self.both.wait()  # the two "pair" schemas are in flight at once: compiles overlap
+            with self.lock:
+                self.open.add(rid)
+                self.prepared.append(source)
+            return type("Info", (), dict(generation=self.generation))()
+        finally:
+            with self.lock:
+                self.inflight -= 1
 
     def close(self, rid, tokens, generation):
         assert tokens == [] and generation == self.generation
@@ -147,7 +161,23 @@ def test_warm_compiles_every_schema_once_and_drops_refusals(variant):
     assert w.schemas == schemas[:10] and list(rejected) == ['{"bad": 1}']
 
 
+def test_warm_retries_a_compile_timeout_alone():
+    """A schema that times out among parallel compiles is compiled again alone; one that times out alone too
+    is refused."""
+    sc = FakeSidecar()
+    schemas = ['{"pair": 1}', '{"pair": 2}', '{"slow": 1}', '{"slow": "never"}']
+    rejected = {}
+    w = eb.Workload(type("E", (), dict(sidecar=sc))(), _Loaded, "json_schema", list(schemas), 8, rejected=rejected)
+    sc.inflight = 1  # as if another compile were running during the parallel pass: "slow" misses its deadline
+    got = w.warm(threads=4)
+    assert got["retried_alone"] == 2 and got["refused"] == 2  # inflight stays 1: every retry is "busy" too
+    sc2 = FakeSidecar()
+    w2 = eb.Workload(type("E", (), dict(sidecar=sc2))(), _Loaded, "json_schema", list(schemas), 8, rejected={})
+    got2 = w2.warm(threads=4)
+    assert got2["refused"] == 1 and w2.schemas == schemas[:3] and '{"slow": 1}' in sc2.prepared
+
+
 def test_warm_leaves_other_variants_alone():
     sc = FakeSidecar()
     w = eb.Workload(type("E", (), dict(sidecar=sc))(), _Loaded, "regex", ["{}"], 8)
-    assert w.warm() == dict(schemas=0, seconds=0.0, refused=0) and not sc.prepared
+    assert w.warm() == dict(schemas=0, seconds=0.0, refused=0, retried_alone=0) and not sc.prepared
