@@ -890,7 +890,7 @@ def merge(parts: list[dict]) -> dict:
                 raise ValueError(f"{m0['label']}: {what} (B, variant) {dup} in more than one part")
         m["runs"] = sorted(runs, key=lambda r: (r["batch"], order.get(r["variant"], len(order))))
         if base:
-            m["baseline"] = sorted(base, key=lambda b: (b["batch"], b["variant"]))
+            m["baseline"] = sorted(base, key=lambda b: (b["batch"], order.get(b["variant"], len(order))))
         m["micro"] = sorted((x for p in ms for x in p.get("micro", [])), key=lambda x: x.get("batch", 0))
         m["ttft_single"] = next((x["ttft_single"] for x in ms if x.get("ttft_single")), {})
         if any("compile_warmup" in x for x in ms):

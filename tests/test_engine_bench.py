@@ -42,7 +42,7 @@ def test_merge_joins_runs_in_batch_and_variant_order():
         (1, "none"), (1, "json_schema"), (32, "none"), (32, "json_schema"), (64, "none"), (64, "json_schema"),
         (128, "none"), (128, "json_schema")]
     assert [(x["batch"], x["variant"]) for x in m["baseline"]] == [
-        (1, "json_schema"), (1, "none"), (32, "json_schema"), (32, "none"), (64, "json_schema"), (64, "none")]
+        (1, "none"), (1, "json_schema"), (32, "none"), (32, "json_schema"), (64, "none"), (64, "json_schema")]
     assert [x["batch"] for x in m["micro"]] == [1, 32, 64, 128]
     assert out["settings"]["batches"] == [1, 32, 64, 128] and out["date"] == "t1"
     assert out["command"] == a["command"] + " ; " + b["command"]
