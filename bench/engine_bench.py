@@ -750,7 +750,11 @@ def summary(res: dict) -> list[str]:
         src = {r.get("gpu_idle_source") for r in m["runs"]} - {None, ""}
         lines.append(f"  GPU idle source: {', '.join(sorted(src)) or '-'} (cuda_events: step wall - Forward - Finish "
                      "event time; host_wait: CPU run, time blocked on the sidecar's answer)")
-        if m.get("jsb_schemas_used") is not None:
+        if m.get("jsb_rejected_by_sidecar_per_part"):  # a merged run: each part's own warm-up
+            lines.append("  json_schema_jsb per part: " + ", ".join(
+                f"{u} in use / {len(r)} refused" for u, r in zip(m["jsb_schemas_used_per_part"],
+                                                                m["jsb_rejected_by_sidecar_per_part"])))
+        elif m.get("jsb_schemas_used") is not None:
             lines.append(f"  json_schema_jsb: {m['jsb_schemas_used']} JSONSchemaBench schemas in use "
                          f"({len(m.get('jsb_rejected_by_sidecar') or {})} refused by the sidecar)")
         for v, t in m["ttft_single"].items():
@@ -833,6 +837,8 @@ def plot(res: dict, out_prefix: Path) -> list[str]:
 
 #: settings that may differ between the parts of one merged run (each part lists its own in ``parts``)
 PART_SETTINGS = ("batches",)
+#: per-model fields every part of a merged run must share
+MODEL_KEYS = ("model", "random_weights", "vocab_size", "dtype", "max_lanes", "max_seq_len")
 
 
 def merge(parts: list[dict]) -> dict:
@@ -844,18 +850,23 @@ def merge(parts: list[dict]) -> dict:
     refusals of all parts. ``settings["batches"]`` is the union; ``parts`` keeps each part's date,
     command and batches; ``command`` joins the parts' commands with `` ; ``; ``date`` is the first part's.
 
+    The parts' JSONSchemaBench samples must be the same; the schemas each part's sidecar refused may differ
+    (compile deadlines depend on load): ``jsb_schemas_used_per_part`` and ``jsb_rejected_by_sidecar_per_part``
+    keep them, and a warning is printed when they differ.
+
     Raises:
-        ValueError: fewer than two parts; parts of different revisions, devices or settings (other than
-            :data:`PART_SETTINGS`); a model missing from a part or built with other ``max_lanes``; or a
-            (model, B, variant) run or a baseline (B, variant) in more than one part.
+        ValueError: fewer than two parts; parts of different revisions, devices, JSONSchemaBench samples or
+            settings (other than :data:`PART_SETTINGS`); a model missing from a part or differing in a
+            :data:`MODEL_KEYS` field; or a (model, B, variant) run or a baseline (B, variant) in more than
+            one part.
     """
     if len(parts) < 2:
         raise ValueError("merge needs at least two results files")
     first = parts[0]
     for p in parts[1:]:
-        for key in ("revision", "device"):
+        for key in ("revision", "device", "jsb"):
             if p.get(key) != first.get(key):
-                raise ValueError(f"parts differ in {key}: {first.get(key)!r} vs {p.get(key)!r}")
+                raise ValueError(f"parts differ in {key}: {str(first.get(key))[:200]!r} vs {str(p.get(key))[:200]!r}")
         a = {k: v for k, v in first.get("settings", {}).items() if k not in PART_SETTINGS}
         b = {k: v for k, v in p.get("settings", {}).items() if k not in PART_SETTINGS}
         if a != b:
@@ -865,9 +876,10 @@ def merge(parts: list[dict]) -> dict:
             raise ValueError("parts hold different models: "
                              f"{[m['label'] for m in first['models']]} vs {[m['label'] for m in p['models']]}")
         for m0, m in zip(first["models"], p["models"]):
-            if m0.get("max_lanes") != m.get("max_lanes"):
-                raise ValueError(f"{m0['label']}: parts differ in max_lanes ({m0.get('max_lanes')} vs "
-                                 f"{m.get('max_lanes')}): give both the same --max-lanes")
+            for key in MODEL_KEYS:
+                if m0.get(key) != m.get(key):
+                    raise ValueError(f"{m0['label']}: parts differ in {key} ({m0.get(key)} vs {m.get(key)})"
+                                     + (": give both the same --max-lanes" if key == "max_lanes" else ""))
     out = {k: v for k, v in first.items() if k not in ("models", "command", "settings")}
     out["command"] = " ; ".join(p["command"] for p in parts)
     out["parts"] = [dict(date=p.get("date"), command=p.get("command"), batches=p.get("settings", {}).get("batches"),
@@ -896,7 +908,11 @@ def merge(parts: list[dict]) -> dict:
         if any("compile_warmup" in x for x in ms):
             m["compile_warmup"] = next(x["compile_warmup"] for x in ms if "compile_warmup" in x)
         m["jsb_rejected_by_sidecar"] = {k: v for x in ms for k, v in (x.get("jsb_rejected_by_sidecar") or {}).items()}
-        m["jsb_schemas_used_per_part"] = [x.get("jsb_schemas_used") for x in ms]
+        m["jsb_schemas_used_per_part"] = used = [x.get("jsb_schemas_used") for x in ms]
+        m["jsb_rejected_by_sidecar_per_part"] = [sorted(x.get("jsb_rejected_by_sidecar") or {}) for x in ms]
+        if len({tuple(r) for r in m["jsb_rejected_by_sidecar_per_part"]}) > 1:
+            print(f"warning: {m0['label']}: the parts refused different JSONSchemaBench schemas (in use per part: "
+                  f"{used}); their json_schema_jsb rows ran on different schema sets", file=sys.stderr)
         out["models"].append(m)
     return out
 
@@ -1003,7 +1019,9 @@ def main(argv=None) -> int:
         step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
-        graph_context=args.graph_context, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "
+        graph_context=args.graph_context, model=args.model, max_seq_len=args.max_seq_len, max_lanes=args.max_lanes,
+        compile_timeout=args.compile_timeout, mask_soft_wait=args.mask_soft_wait, prefill_graphs=args.prefill_graphs,
+        jsb_requested=args.jsb, eos="unconstrained rows ignore EOS and stop at max_tokens; constrained "
         "rows stop at grammar EOS or max_tokens; every finished row is replaced at once (closed loop, B constant)",
         hbm_bound="(weight bytes + live KV bytes) / 4.8 TB/s per decode step; fraction = bound / median step"),
         jsb=None if jsb is None else {k: jsb[k] for k in ("ids", "subsets", "skipped", "source", "seed")},

@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- executors
     side = SidecarExec(vocab, args.rows, ["--compile-timeout", str(max(60.0, 6 * args.compile_timeout)),
                                           "--fill-chunk-rows", str(args.fill_chunk_rows)])
-    num_words = (vocab.vocab_size + 31) // 32
+    num_words = compiler.backend.fill_words  # the words xgrammar writes (narrower than V's for a padded vocabulary)
     compiled = {k: u["compiled"]._compiled for k, u in enumerate(usable)}
     inproc = InprocExec(compiled, args.rows, num_words)
     batch = InprocExec(compiled, args.rows, num_words, batch_threads=args.fill_threads)

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     compiler = ConstraintCompiler(vocab, compile_timeout_s=args.compile_timeout, cache_bytes=1 << 20)
     info = compiler.backend.tokenizer_info
     gc = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-    num_words = (vocab.vocab_size + 31) // 32
+    num_words = compiler.backend.fill_words  # the words xgrammar writes (narrower than V's for a padded vocabulary)
     bm = torch.zeros((1, num_words), dtype=torch.int32)
     bm_np = bm.numpy()
 

@@ -89,6 +89,8 @@ def main(argv=None) -> int:
                     help="sys.setswitchinterval for this process (0 = Python's default 5 ms)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if "wide" in args.padding_fill and max(args.shards) > 1:
+        ap.error("--padding-fill wide is set in this process only: its shard workers would fill narrow (use --shards 1)")
     if args.switch_interval > 0:
         sys.setswitchinterval(args.switch_interval)
     from gpu_engine.model.vocab import load_vocabulary_from_gguf

@@ -57,12 +57,35 @@ def test_merge_joins_runs_in_batch_and_variant_order():
     (lambda p: p["settings"].update(steps=48), "settings"),
     (lambda p: p["models"][0].update(label="qwen"), "models"),
     (lambda p: p["models"][0].update(max_lanes=32), "max_lanes"),
+    (lambda p: p["models"][0].update(model="other.gguf"), "model"),
+    (lambda p: p["models"][0].update(vocab_size=11), "vocab_size"),
+    (lambda p: p["models"][0].update(max_seq_len=1024), "max_seq_len"),
+    (lambda p: p.update(jsb={"ids": ["x"]}), "jsb"),
 ])
 def test_merge_refuses_parts_that_are_not_one_run(change, what):
     a, b = _part([1]), _part([32])
     change(b)
     with pytest.raises(ValueError, match=what):
         eb.merge([a, b])
+
+
+def test_merge_keeps_each_parts_refusals_and_the_first_parts_ttft(capsys):
+    a, b = _part([1]), _part([32])
+    a["models"][0].update(jsb_schemas_used=60)
+    b["models"][0].update(jsb_schemas_used=58, ttft_single={"none": dict(ttft_ms_p50=9.0, cache=["x"])},
+                          compile_warmup={"json_schema_jsb": {"refused": 6}})
+    m = eb.merge([a, b])["models"][0]
+    assert m["jsb_schemas_used_per_part"] == [60, 58]
+    assert m["jsb_rejected_by_sidecar_per_part"] == [["s1"], ["s32"]]
+    assert "different JSONSchemaBench schemas" in capsys.readouterr().err
+    assert m["ttft_single"] == a["models"][0]["ttft_single"] and m["compile_warmup"] == {"json_schema": {}}
+    b["models"][0]["jsb_rejected_by_sidecar"] = {"s1": "CompileTimeout: x"}  # the same refusals: no warning
+    eb.merge([a, b])
+    assert "different" not in capsys.readouterr().err
+    b2 = _part([32])
+    a2 = _part([1])
+    a2["models"][0].pop("compile_warmup")
+    assert eb.merge([a2, b2])["models"][0]["compile_warmup"] == {"json_schema": {}}  # from the part that has it
 
 
 def test_merge_refuses_a_run_or_baseline_in_two_parts():
@@ -106,10 +129,13 @@ class FakeSidecar:
         self.prepared: list[str] = []
         self.closed = 0
         self.inflight = 0
+        self.calls: dict[str, int] = {}
         self.both = threading.Barrier(2, timeout=5)
 
     def prepare(self, rid, kind, source, choices, prefix):
         assert kind == "json_schema"
+        with self.lock:
+            self.calls[source] = self.calls.get(source, 0) + 1
         if "bad" in source:
             raise RequestError("InvalidSchema", "no")
         with self.lock:
@@ -171,6 +197,10 @@ def test_warm_retries_a_compile_timeout_alone():
     sc.inflight = 1  # as if another compile were running during the parallel pass: "slow" misses its deadline
     got = w.warm(threads=4)
     assert got["retried_alone"] == 2 and got["refused"] == 2  # inflight stays 1: every retry is "busy" too
+    assert sc.calls['{"slow": 1}'] == 2 and sc.calls['{"pair": 1}'] == 1  # only the timeouts are retried
+    sc3 = FakeSidecar()
+    w3 = eb.Workload(type("E", (), dict(sidecar=sc3))(), _Loaded, "json_schema", ['{"bad": 1}', "{}"], 8, rejected={})
+    assert w3.warm(threads=2)["retried_alone"] == 0 and sc3.calls['{"bad": 1}'] == 1  # other refusals: not retried
     sc2 = FakeSidecar()
     w2 = eb.Workload(type("E", (), dict(sidecar=sc2))(), _Loaded, "json_schema", list(schemas), 8, rejected={})
     got2 = w2.warm(threads=4)

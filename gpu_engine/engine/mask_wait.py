@@ -125,7 +125,8 @@ class MaskWait:
             return DEFERRED
         results, work = got
         self.stats.sidecar_work_s += work
-        self.step_send.observe_work(work * 1e3)
+        if constrained and not batch.speculative:  # the work the Step-send choice is about (no close-only, no drafts)
+            self.step_send.observe_work(work * 1e3)
         self.stats.sidecar_steps += 1
         by_id = {x.request_id: x for x in results}
         self._closed(closing, by_id)

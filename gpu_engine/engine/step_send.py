@@ -61,7 +61,8 @@ class StepSendPolicy:
         return self._after
 
     def observe_work(self, ms: float) -> None:
-        """One answered Step's sidecar work (``StepResponse.work_seconds`` in ms)."""
+        """One answered Step's sidecar work (``StepResponse.work_seconds`` in ms); the engine passes Steps
+        that fill masks for rows without drafts only (the steps this choice is about)."""
         self.work_ms = self._ema(self.work_ms, ms)
         self.num_work += 1
         self._decide()

@@ -79,6 +79,14 @@ def test_narrow_masks_equal_wide_masks_on_random_walks(extra, monkeypatch):
                 sess[c][1].fill_lookahead([d], bm, st)
                 looks[c] = (bm, st)
             assert (looks[narrow][1] == looks[wide][1]).all() and (looks[narrow][0] == looks[wide][0]).all()
+            # the batch Step fill with drafts: a legal one, a padding id, EOS (rows 0-2)
+            batch = {}
+            for c in (narrow, wide):
+                bm = np.full((3, 3, W), 0xFFFFFFFF, np.uint32)
+                st = np.zeros((3, 3), np.uint8)
+                assert fill_rows(sess[c], [[d, d], [n + 5], [vocab.eos_ids[0]]], bm, st) == [None] * 3
+                batch[c] = (bm, st)
+            assert (batch[narrow][1] == batch[wide][1]).all() and (batch[narrow][0] == batch[wide][0]).all()
             for c in (narrow, wide):  # every session walks the same token
                 for s in sess[c]:
                     s.preview([d])
@@ -104,10 +112,11 @@ def test_start_check_and_padding_ids(monkeypatch, capfd):
         a.preview([n + 1])  # an IntegrityError: a padding id is rejected by the grammar
 
 
-def test_small_padding_keeps_the_full_vocabulary():
-    vocab = _vocab(5, pad=xb.NARROW_FILL_MIN_PADDING - 1)
-    be = ConstraintCompiler(vocab).backend
-    assert be.xgr_vocab_size == vocab.vocab_size and be.fill_words == be.num_words
+def test_the_padding_threshold():
+    below = ConstraintCompiler(_vocab(5, pad=xb.NARROW_FILL_MIN_PADDING - 1)).backend
+    assert below.xgr_vocab_size == below.vocab_size and below.fill_words == below.num_words
+    at = ConstraintCompiler(v := _vocab(5, pad=xb.NARROW_FILL_MIN_PADDING)).backend
+    assert at.xgr_vocab_size == v.num_tokenizer_tokens and at.fill_words < at.num_words
 
 
 def test_dead_end_status_survives_a_narrow_fill(monkeypatch):

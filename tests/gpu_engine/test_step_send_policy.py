@@ -26,6 +26,28 @@ def test_fixed_modes_ignore_measurements():
         assert p.after is after and p.switches == 0
 
 
+def test_auto_needs_forward_samples_too():
+    p = StepSendPolicy("auto", min_samples=4)
+    for _ in range(3):
+        p.observe_forward(5.0)
+    for _ in range(50):
+        p.observe_work(0.1)  # plenty of Step work, 3 < 4 forward times: no choice yet
+    assert not p.after
+    p.observe_forward(5.0)
+    assert p.after
+
+
+def test_setting_send_after_launch_fixes_the_mode(rig):
+    eng, _ = rig(0)
+    eng.step_send = StepSendPolicy("auto", min_samples=1)
+    eng.send_after_launch = False
+    assert eng.step_send.mode == "before"
+    _feed(eng.step_send, 0.1, 10.0, 20)
+    assert not eng.send_after_launch  # fixed: measurements no longer move it
+    eng.send_after_launch = True
+    assert eng.step_send.mode == "after" and eng.send_after_launch
+
+
 def test_auto_waits_for_enough_samples_of_both_kinds():
     p = StepSendPolicy("auto", min_samples=8)
     for _ in range(7):
@@ -118,6 +140,9 @@ def test_auto_in_the_engine_follows_the_measurements(rig, executor):
         pre = int(batch.prefill.sum())  # a prefill's forward time is no decode figure: must not count
         prog.step_timings.append(StepTiming(batch=len(batch.rows), prefill=pre, masked=True,
                                             forward_ms=0.5 if pre else 5.0, gap_ms=0.0, finish_ms=0.1, mask_bytes=0))
+        # a speculative step's event (the executor records them too) is no plain forward either
+        prog.step_timings.append(StepTiming(batch=len(batch.rows), prefill=0, masked=True, forward_ms=0.5,
+                                            gap_ms=0.0, finish_ms=0.1, mask_bytes=0, speculative=True))
         return out
 
     prog.forward = timed_forward
@@ -145,3 +170,30 @@ def test_auto_in_the_engine_follows_the_measurements(rig, executor):
     assert eng.step_send.switches == 2 and eng.stats.steps_sent_after >= 10
     _drive(eng, lambda: _settled(eng, reqs))
     assert len(reqs) > 1 and all(_valid(r) for r in reqs)
+
+
+class CloseAwareSidecar(CrashingSidecar):
+    """4 ms of work for a Step that fills masks, 0.01 ms for one that only closes sessions."""
+
+    fills: list
+
+    def recv_step(self, seq, timeout=None):
+        fill = any(not r.close for r in self.msgs[0][2])  # the Step being answered
+        self.fills = getattr(self, "fills", []) + [fill]
+        results, _ = super().recv_step(seq, timeout)
+        return results, (4.0 if fill else 0.01) / 1e3
+
+
+def test_a_step_that_only_closes_sessions_is_no_work_sample(rig):
+    """A constrained row ends while a plain row runs on: its close rides on the next Step, which fills no mask;
+    that Step's tiny work figure must not pull the average towards "after"."""
+    eng, sc = rig(0, CloseAwareSidecar)
+    sc.release.set()
+    eng.step_send = StepSendPolicy("auto", min_samples=1, alpha=1.0)
+    c, u = _req(0, max_tokens=3), _req(1, constrained=False, max_tokens=12)
+    sc.state[c.request_id] = 0
+    eng.submit(c)
+    eng.submit(u)
+    _drive(eng, lambda: _settled(eng, [c, u]))
+    assert True in sc.fills and False in sc.fills  # both kinds of Step were sent
+    assert eng.step_send.num_work == sum(sc.fills) and eng.step_send.work_ms == 4.0
