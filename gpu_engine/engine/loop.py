@@ -339,10 +339,13 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             # Step after launch: the forward is queued first, the Step goes out while it runs (a sidecar
             # found gone below leaves the rows of the forward as they are: masks off, parked rows dropped)
             batch, logits = self._launch_forward(rows, drafts, draft_q, slot)
-            st.steps_sent_after += 1
         tp = now()
         sent = bool(constrained or closing) and self._send_step(seq, slot, constrained, closing, drafts)
         st.add_phase("send", tp, now())
+        if sent and not drafts:  # where this plain step's Step went (ninfer_step_messages{order})
+            after = logits is not None
+            st.steps_sent_after += after
+            self.metrics.step_message(after)
         if not sent:
             constrained = []
             if logits is None:  # else the forward already ran for all rows; finished / parked rows drop below

@@ -48,6 +48,10 @@ class EngineMetrics:
         self.deferred = m.create_counter("ninfer_mask_wait_deferred", unit="1",
                                          description="Steps with constrained and unconstrained rows whose masks "
                                                      "missed the soft wait: unconstrained rows went on alone")
+        self.step_messages = m.create_counter(
+            "ninfer_step_messages", unit="1",
+            description="Step messages of steps without drafts, by their order around the forward launch "
+                        "(order=before|after; --step-send auto chooses from the measured Step work and forward time)")
         for rare in (self.deferred, self.replays, self.replayed_tokens):
             rare.add(0)  # exported (as 0) from the start: rare by design, and dashboards query them
         self.queue_wait = m.create_histogram("ninfer_queue_wait_seconds", unit="s",
@@ -124,6 +128,11 @@ class EngineMetrics:
         """One mixed step's mask wait passed the soft budget (its constrained rows now wait alone)."""
         if self._on:
             self.deferred.add(1)
+
+    def step_message(self, after: bool) -> None:
+        """One plain step's Step message sent, after (``True``) or before its forward launch."""
+        if self._on:
+            self.step_messages.add(1, {"order": "after" if after else "before"})
 
     def queued(self, seconds: float) -> None:
         if self._on:

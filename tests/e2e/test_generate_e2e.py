@@ -116,3 +116,8 @@ def test_prometheus_metrics_count_requests(stack, client):
     lines = [ln for ln in body.splitlines() if ln.startswith("ninfer_requests_total{")]
     assert any('constraint_kind="choice"' in ln and 'finish_reason="stop"' in ln for ln in lines), lines
     assert "ninfer_constraint_cache_total" in body and "ninfer_step_seconds_bucket" in body
+    # the constrained request's Step messages, by order around the forward launch: a CPU engine measures no
+    # forward events, so --step-send auto (the default) keeps them before it
+    sent = {ln.split('order="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines()
+            if ln.startswith("ninfer_step_messages_total{")}
+    assert sent.get("before", 0) >= 1 and sent.get("after", 0) == 0, sent
