@@ -917,6 +917,17 @@ def merge(parts: list[dict]) -> dict:
     return out
 
 
+def _report(res: dict, out: Path) -> int:
+    """Print the table of the results written to ``out`` and plot them beside it."""
+    print("\n".join(summary(res)))
+    print("results:", out)
+    try:
+        print("plots:", plot(res, out.with_suffix("")))
+    except ImportError:
+        print("matplotlib missing: plot later with --plot", out)
+    return 0
+
+
 def merge_main(argv: list[str]) -> int:
     """``merge OUT.json PART.json...``: write :func:`merge` of the parts, print its table, plot it."""
     if len(argv) < 3:
@@ -927,13 +938,7 @@ def merge_main(argv: list[str]) -> int:
     res["command"] += " ; " + " ".join(["python", "bench/engine_bench.py", "merge", out.name]
                                        + [Path(p).name for p in argv[1:]])
     out.write_text(json.dumps(res, indent=1))
-    print("\n".join(summary(res)))
-    print("results:", out)
-    try:
-        print("plots:", plot(res, out.with_suffix("")))
-    except ImportError:
-        print("matplotlib missing: plot later with --plot", out)
-    return 0
+    return _report(res, out)
 
 
 def main(argv=None) -> int:
@@ -1037,13 +1042,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
             res.setdefault("errors", []).append(f"{label}: {e!r}")
         out.write_text(json.dumps(res, indent=1))
-    print("\n".join(summary(res)))
-    print("results:", out)
-    try:
-        print("plots:", plot(res, out.with_suffix("")))
-    except ImportError:
-        print("matplotlib missing: plot later with --plot", out)
-    return 0
+    return _report(res, out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Where a plain step's Step message goes: before its forward launch, right after it, or chosen from
 measurements (``ninfer serve --step-send before | after | auto``).
 
-Before (the default): the sidecar starts as early as possible and the GPU waits for the host's send
+Before (the Engine's default; `ninfer serve`'s is auto): the sidecar starts as early as possible and the GPU waits for the host's send
 (0.25-0.66 ms at B = 64 on the H200). After: the forward starts sooner and the masks come later; that pays
 only when the sidecar's Step work is well under the forward (README "Step after launch": a Qwen3-8B shape
 at B = 64, 2.2 ms of Step work against a 5.6 ms forward, decoded 4-7% faster; SmolLM2, 1.7 vs 1.3 ms, lost
