@@ -33,11 +33,17 @@ with the real constraint sidecar subprocess and the shared-memory mask ring, as
   unconstrained rows ignore EOS (they always produce ``max_tokens`` tokens);
   constrained rows end when their grammar accepts EOS and are replaced at once by
   a new request with the same constraint (grammar cached), so the batch stays
-  full. Same prompt and sampling (temperature 0.8, no top-k/top-p) everywhere.
+  full. A constrained request's Prepare (its sidecar session) runs on
+  ``PREPARE_THREADS`` client threads, as the public API's handler threads run it
+  (``gpu_engine/core/admission.py``), not on the thread that drives the engine:
+  the new request joins the step after its Prepare is done. Same prompt and
+  sampling (temperature 0.8, no top-k/top-p) everywhere.
   Reported: output tokens/s over the measured window, decode-only tokens/s
   (``B / median decode-step time``; steps without a prefill), TTFT and
   inter-token latency p50/p99, the exposed sidecar wait per step and the mask
-  H2D bytes per step.
+  H2D bytes per step, and the engine process's garbage-collector pauses in the
+  window (``--gc-freeze on``, the default, freezes the start-up heap of the engine
+  and of the sidecar as ``ninfer serve`` does: ``ninfer_common/gc_heap.py``).
 * TTFT with a cached grammar: single requests on an idle engine (after one
   warm-up request per constraint), median over ``--ttft-reps``.
 * Phase micro-timings on CUDA (CUDA events over graph replays): Forward at the
@@ -62,6 +68,7 @@ import queue
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +85,9 @@ item ::= "\"" [a-zA-Z0-9 ]+ "\""
 ws ::= [ \n]?'''
 REGEX = r"[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\."
 TEMPERATURE = 0.8
+#: Client threads that prepare the closed loop's constrained requests (their Prepare RPC to the sidecar), as
+#: the public API's handler threads do, off the thread that drives the engine (``--prepare-threads``).
+PREPARE_THREADS = 4
 VARIANTS = ("none", "json_schema", "json_schema_jsb", "grammar", "regex")
 
 
@@ -184,6 +194,7 @@ class Workload:
         text = loaded.render_chat([{"role": "user", "content": PROMPT}])
         self.prompt_ids = loaded.tokenizer.encode(text)
         self.n = 0
+        self._lock = threading.Lock()  # make() runs on the closed loop's Prepare threads
 
     def constraint(self):
         from gpu_engine.core.request import ConstraintRef
@@ -251,21 +262,26 @@ class Workload:
         from gpu_engine.core.request import Request, SamplingOptions
 
         t0 = time.perf_counter()
-        c = self.constraint()
-        rid = f"{self.variant}-{self.n}-{time.monotonic_ns()}"
-        self.n += 1
+        with self._lock:
+            c = self.constraint()
+            self.n += 1
+            n = self.n
+        rid = f"{self.variant}-{n - 1}-{time.monotonic_ns()}"
         req = Request(rid, list(self.prompt_ids), max_tokens or self.max_tokens,
-                      SamplingOptions(temperature=TEMPERATURE, seed=self.n), constraint=c, events=TimedQueue())
+                      SamplingOptions(temperature=TEMPERATURE, seed=n), constraint=c, events=TimedQueue())
         if c is not None:
             from ninfer_common.errors import RequestError
 
             try:
                 info = self.engine.sidecar.prepare(rid, c.kind, c.source, [], b"")
             except RequestError as e:
-                if c.kind != "json_schema" or c.source not in self.schemas:
-                    raise
-                self.rejected[c.source[:200]] = f"{e.kind}: {str(e)[:200]}"
-                self.schemas.remove(c.source)
+                with self._lock:
+                    if c.kind != "json_schema" or (c.source not in self.schemas
+                                                   and c.source[:200] not in self.rejected):
+                        raise
+                    self.rejected[c.source[:200]] = f"{e.kind}: {str(e)[:200]}"
+                    if c.source in self.schemas:
+                        self.schemas.remove(c.source)
                 return self.make(max_tokens)
             req.sidecar_generation = info.generation
             req.constraint_info = {"cache": info.cache, "prepare_seconds": info.prepare_seconds}
@@ -282,24 +298,41 @@ def _request_latencies(req, t0):
     return ttft, [b - a for a, b in zip(token_times, token_times[1:])], fin
 
 
-def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int, hbm=None) -> dict:
+def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int, hbm=None,
+                prepare_threads: int = PREPARE_THREADS) -> dict:
     """Constant-concurrency run (every finished row is replaced at once, every variant); returns the
     measured window's figures. ``hbm``: ``(weight bytes, KV bytes per token)`` for the HBM-bound fraction
-    (decode step time vs (weights + live KV) / 4.8 TB/s)."""
+    (decode step time vs (weights + live KV) / 4.8 TB/s). ``prepare_threads``: client threads preparing the
+    constrained replacements (0: on this thread, between engine steps, as this benchmark did before)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from ninfer_common.gc_heap import process_pauses
+
     prog, st = engine.program, engine.stats
     live: dict[str, tuple] = {}
     done: list[tuple] = []
     errors: list[dict] = []
+    preparing: list = []  # futures of work.make() on the Prepare threads (constrained variants)
+    pool = (ThreadPoolExecutor(prepare_threads, thread_name_prefix="bench-prepare")
+            if work.variant != "none" and prepare_threads > 0 else None)
 
-    def top_up() -> int:
-        n = 0
-        while len(live) < batch:
-            r, t0 = work.make()
-            engine.submit(r)
-            live[r.request_id] = (r, t0)
-            n += 1
-        return n
+    def submit(r, t0) -> None:
+        engine.submit(r)
+        live[r.request_id] = (r, t0)
 
+    def top_up() -> None:
+        """Prepared requests go to the engine; free lanes get new requests (prepared off this thread)."""
+        for f in [f for f in preparing if f.done()]:
+            preparing.remove(f)
+            submit(*f.result())
+        while len(live) + len(preparing) < batch:
+            if pool is None:
+                submit(*work.make())
+            else:
+                preparing.append(pool.submit(work.make))
+
+    top_up()
+    wait(preparing)  # the first batch is complete before the first step
     top_up()
     step_times, decode_times = [], []
     idle, idle_wall, live_kv = [], [], []  # per decode step (no prefill): GPU idle ms, its wall ms, KV tokens
@@ -311,6 +344,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
             tok0, h2d0, t_start = st.tokens, st.mask_h2d_bytes, time.perf_counter()
             phase0, work0 = dict(st.host_phase_s), (st.sidecar_work_s, st.sidecar_steps)
             after0 = st.steps_sent_after
+            gc0 = process_pauses().snapshot()
             seq0 = engine._seq  # Step messages after this one are measured (step_trace)
             timings0 = len(getattr(prog, "step_timings", []))
             w0 = len(st.per_step_wait_ms)
@@ -338,7 +372,13 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                     done.append((ttft, itl, fin.completion_tokens if fin else 0))
         top_up()
     wall = time.perf_counter() - t_start
+    gc1 = process_pauses().snapshot()
     tokens = st.tokens - tok0
+    if pool is not None:  # requests prepared for the next window's lanes: close their sessions
+        for f in preparing:
+            r, _ = f.result()
+            engine.sidecar.close(r.request_id, [], r.sidecar_generation)
+        pool.shutdown()
     trace = step_trace(engine, seq0)
     # rows still running: their latencies so far count too
     for r, t0 in live.values():
@@ -370,6 +410,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                # Step messages sent after the forward launch (--step-send after / auto), per answered Step
                step_sent_after_frac=((st.steps_sent_after - after0) / (st.sidecar_steps - work0[1])
                                      if st.sidecar_steps > work0[1] else None),
+               # the engine process's garbage collections in the window: total pause ms, full (gen 2) runs
+               gc_pause_ms=1e3 * (sum(gc1[1]) - sum(gc0[1])), gc_full_collections=gc1[0][2] - gc0[0][2],
                )
     if hbm is not None and decode_times and live_kv:
         bound = hbm_bound_ms(hbm[0], statistics.fmean(live_kv), hbm[1])
@@ -580,7 +622,7 @@ def hf_baseline(gguf: str, schemas: list[str], batches: list[int], max_tokens: i
 #: figures aggregated over repeats (median + spread) in each run row
 AGG_KEYS = ("tokens_per_s", "decode_tokens_per_s", "step_ms_p50", "itl_ms_p50", "itl_ms_p99", "ttft_ms_p50",
             "gpu_idle_ms_p50", "gpu_idle_pct", "exposed_wait_ms_p50", "host_sidecar_wait_ms_p50",
-            "hbm_bound_fraction", "gpu_forward_ms_p50", "sidecar_work_ms_mean")
+            "hbm_bound_fraction", "gpu_forward_ms_p50", "sidecar_work_ms_mean", "gc_pause_ms", "gc_full_collections")
 
 
 def aggregate(reps: list[dict]) -> dict:
@@ -620,11 +662,14 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     from gpu_engine.engine.step_send import StepSendPolicy
 
     engine.step_send = StepSendPolicy(args.step_send)  # the Step's place around the forward launch (A/B, auto)
+    from ninfer_common.gc_heap import freeze_heap
+
+    frozen = freeze_heap(f"engine_bench {label}")  # as ninfer serve after start-up (0 with --gc-freeze off)
     dtype_bytes = next(loaded.model.parameters()).element_size()
     hbm = (weight_bytes(loaded.model), kv_bytes_per_token(loaded.config, dtype_bytes))
     res = dict(label=label, model=model, random_weights=random_weights, vocab_size=loaded.vocab.vocab_size,
                tokenizer_tokens=len(loaded.vocab.token_bytes),
-               graph_capture_s=capture_s, max_lanes=max_lanes, max_seq_len=args.max_seq_len,
+               graph_capture_s=capture_s, max_lanes=max_lanes, gc_frozen_objects=frozen, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
                step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
                step_send=engine.step_send.mode,
@@ -657,7 +702,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
             for variant in variants:
                 reps = []
                 for _ in range(args.repeats):
-                    reps.append(closed_loop(engine, work(variant), b, args.warm_steps, args.steps, hbm=hbm))
+                    reps.append(closed_loop(engine, work(variant), b, args.warm_steps, args.steps, hbm=hbm,
+                                            prepare_threads=args.prepare_threads))
                     _drain(engine)
                 r = aggregate(reps)
                 r.update(variant=variant)
@@ -688,6 +734,11 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     finally:
         engine.stop()
         del engine
+        if frozen:  # this model's objects are frozen: let them go (the next model freezes its own)
+            import gc
+
+            gc.unfreeze()
+            gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
     return res
@@ -982,6 +1033,12 @@ def main(argv=None) -> int:
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")
+    ap.add_argument("--prepare-threads", type=int, default=PREPARE_THREADS,
+                    help="client threads preparing constrained replacements, as the API's handler threads do "
+                         f"(default {PREPARE_THREADS}; 0 = on the thread that steps the engine, between steps: A/B)")
+    ap.add_argument("--gc-freeze", choices=["on", "off"], default="on",
+                    help="freeze the start-up heap of the engine and the sidecar out of garbage collection, as "
+                         "ninfer serve does (default on; off for A/B runs: ninfer_common/gc_heap.py)")
     ap.add_argument("--step-trace", action="store_true",
                     help="time every Step message's legs in both processes (step_trace_ms in the results)")
     ap.add_argument("--mask-soft-wait", type=float, default=None,
@@ -1006,6 +1063,10 @@ def main(argv=None) -> int:
         print("\n".join(summary(res)))
         print("plots:", plot(res, Path(args.plot).with_suffix("")))
         return 0
+    from ninfer_common.gc_heap import FREEZE_ENV, process_pauses
+
+    os.environ[FREEZE_ENV] = "1" if args.gc_freeze == "on" else "0"  # the sidecar inherits it
+    process_pauses()  # times the collections of this process from here on (gc_pause_ms per window)
     if args.step_trace:  # before the sidecar starts: it inherits the variable (constraint_service.server)
         os.environ["NINFER_STEP_TRACE"] = os.path.join(tempfile.mkdtemp(prefix="ninfer-steptrace-"), "trace")
     if args.quick:
@@ -1022,6 +1083,7 @@ def main(argv=None) -> int:
         fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
         step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
+        gc_freeze=args.gc_freeze, prepare_threads=args.prepare_threads,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, model=args.model, max_seq_len=args.max_seq_len, max_lanes=args.max_lanes,

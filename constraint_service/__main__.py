@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
+from ninfer_common.gc_heap import freeze_heap
 from ninfer_common.shutdown import ShutdownLatch
 from ninfer_common.step_socket import step_socket_path
 from ninfer_common.telemetry import server_interceptors, setup_tracing
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.listen:
         os.chmod(args.socket, 0o600)
     step_server = _start_step_socket(args, servicer)  # before SERVING: the engine looks for it once healthy
+    freeze_heap("constraint sidecar")  # modules, servicer, servers: out of every later collection (the Step path's)
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     latch = ShutdownLatch()  # handlers that take no lock (see ninfer_common.shutdown)
     latch.install((signal.SIGTERM, signal.SIGINT, PARENT_DEATH_SIGNAL))

@@ -34,6 +34,8 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
+from ninfer_common.gc_heap import freeze_heap
+
 from .compile_worker import _die_with_parent
 
 log = logging.getLogger("ninfer.sidecar.shard")
@@ -151,6 +153,7 @@ def main(step_fd: int, control_fd: int) -> int:
     grammars = _GrammarCache(backend, opts["cache_bytes"], opts["compile_threads"])
     shard = StepShard(opts.get("fill_chunk_rows", 0))
     state: dict = {}
+    freeze_heap("shard worker")  # the vocabulary index and the modules: out of every later collection
     control.send(("ready",))
     threading.Thread(target=_serve_control, args=(control, grammars, shard, state), name="ninfer-shard-control",
                      daemon=True).start()

@@ -150,7 +150,7 @@ class FakeSidecar:
             with self.lock:
                 self.open.add(rid)
                 self.prepared.append(source)
-            return type("Info", (), dict(generation=self.generation))()
+            return type("Info", (), dict(generation=self.generation, cache="hit", prepare_seconds=0.001))()
         finally:
             with self.lock:
                 self.inflight -= 1
@@ -211,3 +211,99 @@ def test_warm_leaves_other_variants_alone():
     sc = FakeSidecar()
     w = eb.Workload(type("E", (), dict(sidecar=sc))(), _Loaded, "regex", ["{}"], 8)
     assert w.warm() == dict(schemas=0, seconds=0.0, refused=0, retried_alone=0) and not sc.prepared
+
+
+class _StepStats:
+    """The EngineStats fields closed_loop reads (a CPU-like engine: no CUDA events)."""
+
+    def __init__(self):
+        self.tokens = self.mask_h2d_bytes = self.sidecar_steps = self.steps_sent_after = 0
+        self.sidecar_work_s = 0.0
+        self.host_phase_s = {}
+        self.per_step_wait_ms, self.per_step_gpu_idle_ms, self.per_step_wall_ms = [], [], []
+        self.idle_source = "host_wait"
+
+
+class _LoopEngine:
+    """Drives requests as the engine does for closed_loop: a step admits what was submitted (up to the lanes),
+    gives every resident request one token, and finishes it after ``length`` tokens."""
+
+    def __init__(self, sidecar, lanes, length=3):
+        from gpu_engine.core.request import Delta, Finish, FinishReason
+
+        self._delta, self._finish, self._reason = Delta, Finish, FinishReason
+        self.sidecar, self.lanes, self.length = sidecar, lanes, length
+        self.program, self.stats, self._seq = object(), _StepStats(), 0
+        self.submitted, self.waiting, self.active = [], [], []
+        self.main = threading.get_ident()
+
+    @property
+    def num_active(self):
+        return len(self.active)
+
+    def submit(self, r):
+        assert threading.get_ident() == self.main  # the engine's side of the loop stays on one thread
+        assert r.constraint is None or r.request_id in self.sidecar.open  # prepared before it reaches us
+        self.submitted.append(r)
+        self.waiting.append(r)
+
+    def step(self):
+        while self.waiting and len(self.active) < self.lanes:
+            self.active.append(self.waiting.pop(0))
+        for r in list(self.active):
+            r.output_ids.append(7)
+            self.stats.tokens += 1
+            r.events.put(self._delta("x", [7]))
+            if len(r.output_ids) >= self.length:
+                r.finished = True
+                r.events.put(self._finish(self._reason.STOP, 3, len(r.output_ids)))
+                self.active.remove(r)
+                if r.constraint is not None:
+                    self.sidecar.close(r.request_id, [], r.sidecar_generation)
+        self.stats.per_step_gpu_idle_ms.append(0.0)
+        self.stats.per_step_wall_ms.append(1.0)
+
+
+def test_closed_loop_prepares_off_the_engine_thread_and_closes_what_it_does_not_submit():
+    """Constrained requests are prepared on the Prepare threads (as the API's handler threads do), never on
+    the thread that steps the engine; every lane is refilled; sessions prepared for lanes the window no longer
+    needs are closed; a schema refused meanwhile is dropped once."""
+    sc = FakeSidecar()
+    threads = []
+    prepare = sc.prepare
+
+    def traced(rid, kind, source, choices, prefix):
+        threads.append(threading.get_ident())
+        return prepare(rid, kind, source, choices, prefix)
+
+    sc.prepare = traced
+    engine = _LoopEngine(sc, lanes=4)
+    rejected = {}
+    w = eb.Workload(engine, _Loaded, "json_schema", ['{"a": 1}', '{"bad": 1}', '{"b": 2}'], 8, rejected=rejected)
+    out = eb.closed_loop(engine, w, batch=4, warm_steps=2, steps=12)
+    assert threads and engine.main not in threads
+    assert out["requests_finished"] >= 4 and out["num_errors"] == 0 and out["steps"] == 12
+    assert list(rejected) == ['{"bad": 1}'] and w.schemas == ['{"a": 1}', '{"b": 2}']
+    assert out["gc_full_collections"] >= 0 and out["gc_pause_ms"] >= 0
+    # still open: only the sessions of requests the engine holds (resident or queued), nothing prepared and lost
+    held = {r.request_id for r in engine.active + engine.waiting}
+    assert sc.open == held and len(sc.prepared) >= len(engine.submitted)
+    assert sc.closed == len(sc.prepared) - len(held)
+
+
+def test_closed_loop_unconstrained_requests_need_no_prepare():
+    sc = FakeSidecar()
+    engine = _LoopEngine(sc, lanes=2)
+    out = eb.closed_loop(engine, eb.Workload(engine, _Loaded, "none", [], 8), batch=2, warm_steps=1, steps=6)
+    assert not sc.prepared and out["tokens"] == 12 and len(engine.submitted) >= 4
+
+
+def test_closed_loop_with_no_prepare_threads_prepares_between_steps():
+    sc = FakeSidecar()
+    seen = []
+    prepare = sc.prepare
+    sc.prepare = lambda *a: (seen.append(threading.get_ident()), prepare(*a))[1]
+    engine = _LoopEngine(sc, lanes=2)
+    eb.closed_loop(engine, eb.Workload(engine, _Loaded, "json_schema", ['{"a": 1}'], 8), batch=2, warm_steps=1,
+                   steps=6, prepare_threads=0)
+    assert seen and set(seen) == {engine.main}

@@ -212,6 +212,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     from gpu_engine.api.security import ApiKeyInterceptor, server_credentials
     from gpu_engine.api.servicer import GenerationServicer, add_generation_servicer
+    from ninfer_common.gc_heap import freeze_heap
 
     setup_tracing("ninfer-engine")
     if setup_metrics("ninfer-engine", args.metrics_port, args.host):
@@ -255,6 +256,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     engine.start()
+    freeze_heap("ninfer serve")  # model, graphs, sidecar client built: out of every later collection
     add_generation_servicer(GenerationServicer(engine, frontend, default_max_tokens=args.max_tokens_default,
                                                max_queued_requests=args.max_queued_requests,
                                                chat_output=chat_output_frontend(loaded, frontend),

@@ -80,6 +80,28 @@ class EngineMetrics:
                                     unit="1", description="Constraint sidecar restarts since start-up")
         m.create_observable_gauge("ninfer_parked_requests", callbacks=[lambda _o: [Observation(parked())]],
                                   unit="1", description="Constrained requests parked while the sidecar restarts")
+        self._observe_gc(m, Observation)
+
+    @staticmethod
+    def _observe_gc(m, observation) -> None:
+        """The engine process's garbage-collector pauses (:func:`ninfer_common.gc_heap.process_pauses`, timed
+        from here on) by generation, and the objects frozen at start-up (``ninfer serve``)."""
+        import gc
+
+        from ninfer_common.gc_heap import process_pauses
+
+        pauses = process_pauses()
+        m.create_observable_counter(
+            "ninfer_gc_pause_seconds", unit="s",
+            description="Wall time of the engine process's garbage collections by generation (every thread waits)",
+            callbacks=[lambda _o: [observation(s, {"generation": str(g)}) for g, s in enumerate(pauses.seconds)]])
+        m.create_observable_counter(
+            "ninfer_gc_collections", unit="1", description="Garbage collections of the engine process by generation",
+            callbacks=[lambda _o: [observation(n, {"generation": str(g)}) for g, n in enumerate(pauses.collections)]])
+        m.create_observable_gauge(
+            "ninfer_gc_frozen_objects", unit="1",
+            description="Objects of the engine's start-up heap frozen out of garbage collection (NINFER_GC_FREEZE)",
+            callbacks=[lambda _o: [observation(gc.get_freeze_count())]])
 
     def request_finished(self, finish_reason: str, constraint_kind: str, completion_tokens: int,
                          draft_tokens: int, accepted_draft_tokens: int, constraint: Any | None) -> None:

@@ -121,3 +121,9 @@ def test_prometheus_metrics_count_requests(stack, client):
     sent = {ln.split('order="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines()
             if ln.startswith("ninfer_step_messages_total{")}
     assert sent.get("before", 0) >= 1 and sent.get("after", 0) == 0, sent
+    # ninfer serve froze its start-up heap out of garbage collection (NINFER_GC_FREEZE unset: on) and times
+    # every collection by generation
+    frozen = [float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines() if ln.startswith("ninfer_gc_frozen_objects")]
+    assert frozen and frozen[0] > 10_000, frozen
+    gens = {ln.split('generation="')[1][0] for ln in body.splitlines() if ln.startswith("ninfer_gc_collections_total{")}
+    assert gens == {"0", "1", "2"} and "ninfer_gc_pause_seconds_total{" in body
