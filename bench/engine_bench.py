@@ -39,7 +39,8 @@ with the real constraint sidecar subprocess and the shared-memory mask ring, as
   the new request joins the step after its Prepare is done. Same prompt and
   sampling (temperature 0.8, no top-k/top-p) everywhere.
   Reported: output tokens/s over the measured window, decode-only tokens/s
-  (``B / median decode-step time``; steps without a prefill), TTFT and
+  (median over the steps without a prefill of the step's tokens / its time: ``B / median
+  decode-step time`` when every lane is full), TTFT and
   inter-token latency p50/p99, the exposed sidecar wait per step and the mask
   H2D bytes per step, and the engine process's garbage-collector pauses in the
   window (``--gc-freeze on``, the default, freezes the start-up heap of the engine
@@ -304,7 +305,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     measured window's figures. ``hbm``: ``(weight bytes, KV bytes per token)`` for the HBM-bound fraction
     (decode step time vs (weights + live KV) / 4.8 TB/s). ``prepare_threads``: client threads preparing the
     constrained replacements (0: on this thread, between engine steps, as this benchmark did before)."""
-    from concurrent.futures import ThreadPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     from ninfer_common.gc_heap import process_pauses
 
@@ -334,7 +335,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     top_up()
     wait(preparing)  # the first batch is complete before the first step
     top_up()
-    step_times, decode_times = [], []
+    step_times, decode_times, decode_rates = [], [], []  # decode steps: wall s, tokens / wall s
     idle, idle_wall, live_kv = [], [], []  # per decode step (no prefill): GPU idle ms, its wall ms, KV tokens
     timings0 = len(getattr(prog, "step_timings", []))
     tok0 = h2d0 = 0
@@ -348,9 +349,13 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
             seq0 = engine._seq  # Step messages after this one are measured (step_trace)
             timings0 = len(getattr(prog, "step_timings", []))
             w0 = len(st.per_step_wait_ms)
+        if not live and preparing:  # every lane waits for its Prepare: no step to run (nor to count) until one is done
+            wait(preparing, return_when=FIRST_COMPLETED)
+            top_up()
         admitted = len(live) > engine.num_active
         kv_tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r, _ in live.values())
         n_idle = len(st.per_step_gpu_idle_ms)
+        n_tok = st.tokens
         t = time.perf_counter()
         engine.step()
         dt = time.perf_counter() - t
@@ -358,6 +363,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
             step_times.append(dt)
             if not admitted:
                 decode_times.append(dt)
+                decode_rates.append((st.tokens - n_tok) / dt)
                 live_kv.append(kv_tokens)
                 if len(st.per_step_gpu_idle_ms) > n_idle:
                     idle.append(st.per_step_gpu_idle_ms[-1])
@@ -388,7 +394,9 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     itls = [x for d in done for x in d[1]]
     out = dict(batch=batch, steps=steps, wall_s=wall, tokens=tokens, tokens_per_s=tokens / wall,
                decode_steps=len(decode_times),
-               decode_tokens_per_s=(batch / statistics.median(decode_times)) if decode_times else None,
+               # median over the decode steps of tokens / step time: B / median step when every lane is full
+               # (a lane whose replacement is still in Prepare makes a smaller step)
+               decode_tokens_per_s=statistics.median(decode_rates) if decode_rates else None,
                step_ms_p50=1e3 * statistics.median(step_times),
                ttft_ms_p50=_ms(pct(ttfts, 50)), ttft_ms_p99=_ms(pct(ttfts, 99)),
                itl_ms_p50=_ms(pct(itls, 50)), itl_ms_p99=_ms(pct(itls, 99)),

@@ -307,3 +307,26 @@ def test_closed_loop_with_no_prepare_threads_prepares_between_steps():
     eb.closed_loop(engine, eb.Workload(engine, _Loaded, "json_schema", ['{"a": 1}'], 8), batch=2, warm_steps=1,
                    steps=6, prepare_threads=0)
     assert seen and set(seen) == {engine.main}
+
+
+def test_closed_loop_counts_no_empty_step_while_every_lane_waits_for_its_prepare():
+    """B = 1: between a request's end and its replacement's Prepare the engine has nothing to run. The loop
+    waits for the Prepare instead of counting instant no-op steps as decode steps (which made the decode
+    median ~0 s and the decode rate absurd); decode tok/s is tokens per step over the step's time."""
+    import time as _time
+
+    sc = FakeSidecar()
+    prepare = sc.prepare
+
+    def slow(*a):
+        _time.sleep(0.02)
+        return prepare(*a)
+
+    sc.prepare = slow
+    engine = _LoopEngine(sc, lanes=1)
+    step = engine.step
+    engine.step = lambda: (_time.sleep(0.002), step())[1]  # a decode step takes ~2 ms
+    out = eb.closed_loop(engine, eb.Workload(engine, _Loaded, "json_schema", ['{"a": 1}'], 8), batch=1,
+                         warm_steps=1, steps=9)
+    assert out["requests_finished"] >= 2 and out["tokens"] == 9  # every counted step ran the one lane
+    assert 200 < out["decode_tokens_per_s"] < 600, out["decode_tokens_per_s"]
