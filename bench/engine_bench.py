@@ -89,6 +89,9 @@ TEMPERATURE = 0.8
 #: Client threads that prepare the closed loop's constrained requests (their Prepare RPC to the sidecar), as
 #: the public API's handler threads do, off the thread that drives the engine (``--prepare-threads``).
 PREPARE_THREADS = 4
+#: The bench sidecar's compiled-grammar cache, bytes (``--grammar-cache-bytes``): room for every grammar of the
+#: samples, so the closed loop measures steady state, not the cache policy (cold compiles: compile_bench.py).
+BENCH_CACHE_BYTES = 8 << 30
 VARIANTS = ("none", "json_schema", "json_schema_jsb", "grammar", "regex")
 
 
@@ -120,7 +123,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
                 prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0,
                 mask_soft_wait_ms: float | None = None, step_shards: int = 0, step_transport: str = "socket",
-                finish: str = "fused"):
+                finish: str = "fused", cache_bytes: int = 0):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -140,7 +143,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
                      num_positions=geo.num_positions, num_words=geo.num_words)
     sidecar = Sidecar(None, vocab, ring_info, step_transport=step_transport,
                       extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout),
-                                  "--fill-chunk-rows", str(fill_chunk_rows), "--step-shards", str(step_shards)])
+                                  "--fill-chunk-rows", str(fill_chunk_rows), "--step-shards", str(step_shards)]
+                      + (["--grammar-cache-bytes", str(cache_bytes)] if cache_bytes > 0 else []))
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
         from gpu_engine.executor.cuda_graph import CudaProgram
@@ -317,9 +321,15 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     pool = (ThreadPoolExecutor(prepare_threads, thread_name_prefix="bench-prepare")
             if work.variant != "none" and prepare_threads > 0 else None)
 
+    prepared_cache: dict[str, int] = {}  # cache outcome -> requests of the measured window (Prepare outcomes)
+    t_start = None  # set when the measured window begins
+
     def submit(r, t0) -> None:
         engine.submit(r)
         live[r.request_id] = (r, t0)
+        if t_start is not None and r.constraint is not None:
+            k = str(r.constraint_info.get("cache"))
+            prepared_cache[k] = prepared_cache.get(k, 0) + 1
 
     def top_up() -> None:
         """Prepared requests go to the engine; free lanes get new requests (prepared off this thread)."""
@@ -339,7 +349,6 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     idle, idle_wall, live_kv = [], [], []  # per decode step (no prefill): GPU idle ms, its wall ms, KV tokens
     timings0 = len(getattr(prog, "step_timings", []))
     tok0 = h2d0 = 0
-    t_start = None
     for i in range(warm_steps + steps):
         if i == warm_steps:
             tok0, h2d0, t_start = st.tokens, st.mask_h2d_bytes, time.perf_counter()
@@ -420,6 +429,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                                      if st.sidecar_steps > work0[1] else None),
                # the engine process's garbage collections in the window: total pause ms, full (gen 2) runs
                gc_pause_ms=1e3 * (sum(gc1[1]) - sum(gc0[1])), gc_full_collections=gc1[0][2] - gc0[0][2],
+               # Prepare outcomes of the window's new requests ("built": a cold compile a lane waited for)
+               prepare_cache=prepared_cache,
                )
     if hbm is not None and decode_times and live_kv:
         bound = hbm_bound_ms(hbm[0], statistics.fmean(live_kv), hbm[1])
@@ -664,7 +675,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             prefill_graphs=args.prefill_graphs, loaded=loaded,
                                             fill_chunk_rows=args.fill_chunk_rows,
                                             mask_soft_wait_ms=args.mask_soft_wait, step_shards=args.step_shards,
-                                            step_transport=args.step_transport, finish=args.finish)
+                                            step_transport=args.step_transport, finish=args.finish,
+                                            cache_bytes=args.grammar_cache_bytes)
     if args.publish == "immediate":  # A/B of deferred publishing (gpu_engine.engine.output); default: the engine's
         engine.defer_publish = False
     from gpu_engine.engine.step_send import StepSendPolicy
@@ -1041,6 +1053,10 @@ def main(argv=None) -> int:
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")
+    ap.add_argument("--grammar-cache-bytes", type=int, default=BENCH_CACHE_BYTES,
+                    help="the sidecar's compiled-grammar cache (default %(default)s: every schema of the sample stays "
+                         "compiled, the steady state; ninfer serve's default is 256 MiB, and 64 JSONSchemaBench "
+                         "grammars taken round-robin missed it on every Prepare; 0 = the sidecar's default)")
     ap.add_argument("--prepare-threads", type=int, default=PREPARE_THREADS,
                     help="client threads preparing constrained replacements, as the API's handler threads do "
                          f"(default {PREPARE_THREADS}; 0 = on the thread that steps the engine, between steps: A/B)")
@@ -1091,7 +1107,7 @@ def main(argv=None) -> int:
         fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
         step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
-        gc_freeze=args.gc_freeze, prepare_threads=args.prepare_threads,
+        gc_freeze=args.gc_freeze, prepare_threads=args.prepare_threads, grammar_cache_bytes=args.grammar_cache_bytes,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",
         graph_context=args.graph_context, model=args.model, max_seq_len=args.max_seq_len, max_lanes=args.max_lanes,

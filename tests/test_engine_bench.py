@@ -285,6 +285,7 @@ def test_closed_loop_prepares_off_the_engine_thread_and_closes_what_it_does_not_
     assert out["requests_finished"] >= 4 and out["num_errors"] == 0 and out["steps"] == 12
     assert list(rejected) == ['{"bad": 1}'] and w.schemas == ['{"a": 1}', '{"b": 2}']
     assert out["gc_full_collections"] >= 0 and out["gc_pause_ms"] >= 0
+    assert out["prepare_cache"] == {"hit": out["prepare_cache"]["hit"]} and out["prepare_cache"]["hit"] >= 2
     # still open: only the sessions of requests the engine holds (resident or queued), nothing prepared and lost
     held = {r.request_id for r in engine.active + engine.waiting}
     assert sc.open == held and len(sc.prepared) >= len(engine.submitted)

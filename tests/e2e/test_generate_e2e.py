@@ -8,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import pytest
 
+from .conftest import E2E_DEVICE
+
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
@@ -74,7 +76,8 @@ def test_raw_prompt_with_grammar_and_length_finish(client):
 
 def test_count_tokens(client):
     n = client.count_tokens(prompt="hello world")
-    assert n.num_tokens == 2 and n.max_context_tokens == 1024  # "hello", " world"
+    # "hello", " world"; the stack's --max-seq-len 1024, less the scratch position of the CUDA graphs' padding rows
+    assert n.num_tokens == 2 and n.max_context_tokens == (1023 if E2E_DEVICE == "cuda" else 1024)
     chat = client.count_tokens(messages=[{"role": "user", "content": "hello world"}])
     assert chat.num_tokens > n.num_tokens  # the template adds the system prompt and role markers
 
@@ -117,10 +120,12 @@ def test_prometheus_metrics_count_requests(stack, client):
     assert any('constraint_kind="choice"' in ln and 'finish_reason="stop"' in ln for ln in lines), lines
     assert "ninfer_constraint_cache_total" in body and "ninfer_step_seconds_bucket" in body
     # the constrained request's Step messages, by order around the forward launch: a CPU engine measures no
-    # forward events, so --step-send auto (the default) keeps them before it
+    # forward events, so --step-send auto (the default) keeps them before it (a CUDA engine chooses)
     sent = {ln.split('order="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines()
             if ln.startswith("ninfer_step_messages_total{")}
-    assert sent.get("before", 0) >= 1 and sent.get("after", 0) == 0, sent
+    assert sent.get("before", 0) + sent.get("after", 0) >= 1, sent
+    if E2E_DEVICE == "cpu":
+        assert sent.get("after", 0) == 0, sent
     # ninfer serve froze its start-up heap out of garbage collection (NINFER_GC_FREEZE unset: on) and times
     # every collection by generation
     frozen = [float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines() if ln.startswith("ninfer_gc_frozen_objects")]
