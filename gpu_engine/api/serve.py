@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="torch intra-op threads of a CPU engine (0 = auto: one core left for the constraint "
                          "sidecar and the RPC threads, i.e. max(1, cores - 1), at most torch's default)")
+    ap.add_argument("--cpu-prefill-threads", type=int, default=0,
+                    help="torch intra-op threads of a CPU engine's prefill forwards (0 = auto: every core, at most "
+                         "torch's default; prefill is a few large GEMMs, decode many small ops that keep one core "
+                         "free)")
     ap.add_argument("--prefill-token-budget", type=int, default=4096,
                     help="prompt tokens per batched prefill forward (rows admitted together share it)")
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
@@ -102,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _cores() -> int:
+    """CPUs this process may run on (``os.sched_getaffinity``)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_prefill_threads(requested: int = 0) -> int:
+    """Intra-op threads for a CPU engine's prefill forwards (:attr:`gpu_engine.executor.eager.Program.prefill_threads`):
+    ``requested`` if > 0, else every core this process may run on, capped at torch's default. Read before
+    :func:`cpu_threads` is applied (torch's default is the process's setting until then)."""
+    import torch
+
+    return requested if requested > 0 else max(1, min(torch.get_num_threads(), _cores()))
+
+
 def cpu_threads(requested: int = 0) -> int:
     """Intra-op threads for a CPU engine: ``requested`` if > 0, else ``max(1, cores - 1)`` capped at torch's
     default. Why one core is left: the engine's forward runs in parallel regions whose threads wait for each
@@ -112,8 +130,7 @@ def cpu_threads(requested: int = 0) -> int:
 
     if requested > 0:
         return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(torch.get_num_threads(), cores - 1))
+    return max(1, min(torch.get_num_threads(), _cores() - 1))
 
 
 def build_stack(args: argparse.Namespace):
@@ -136,7 +153,9 @@ def build_stack(args: argparse.Namespace):
     loaded = load_model(str(path), device=args.device, dtype=dtype, max_lanes=args.max_lanes,
                         max_seq_len=args.max_seq_len)
     loaded.model.set_attention(args.attention)  # before the executor captures its CUDA graphs
+    prefill_threads = 0
     if loaded.model.device.type == "cpu":
+        prefill_threads = cpu_prefill_threads(args.cpu_prefill_threads)
         torch.set_num_threads(cpu_threads(args.cpu_threads))
     if args.speculative != "none" and args.num_draft_tokens <= 0:
         args.num_draft_tokens = 4
@@ -163,6 +182,7 @@ def build_stack(args: argparse.Namespace):
 
     program = make_program(loaded, ring, cuda_graphs=args.cuda_graphs)
     program.prefill_token_budget = max(1, args.prefill_token_budget)
+    program.prefill_threads = prefill_threads
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
                     num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3,
                     step_send=args.step_send)
