@@ -127,7 +127,9 @@ class HFBaseline:
     engine), same chat-rendered prompt, same sampling (temperature 0.8), its default (dynamic) KV cache
     as a user's plain ``generate`` call; B identical prompts per batch; tokens counted up to each row's EOS."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, dtypes: tuple[str, ...] = ("float32",)) -> None:
+        import copy
+
         import torch
         import transformers
 
@@ -148,40 +150,51 @@ class HFBaseline:
         if cfg.tie_word_embeddings:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         model.load_state_dict(weights, strict=False)
-        self.model = model.to(torch.float32).eval()
+        model = model.to(torch.float32).eval()
+        #: dtype name -> model (one copy per dtype: ``--hf-dtypes``; float32 is what a user's plain load gives)
+        self.models = {d: (model if d == "float32" else copy.deepcopy(model).to(getattr(torch, d))) for d in dtypes}
         self.prompt = tok.encode(chat.render([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
         self.eos = set(tok.vocab.eos_ids)
         self.torch = torch
         self.default_threads = torch.get_num_threads()
 
-    def run(self, b: int, rounds: int, max_tokens: int, seed: int, threads: int = 0) -> dict:
+    def run(self, b: int, rounds: int, max_tokens: int, seed: int, threads: int = 0,
+            dtype: str = "float32") -> dict:
         """``rounds`` timed ``generate`` calls of ``b`` rows after one warm-up call, with ``threads`` torch
-        intra-op threads (0 = torch's default, what a user's plain call gets)."""
+        intra-op threads (0 = torch's default, what a user's plain call gets), on the ``dtype`` copy of the
+        weights (one of the constructor's ``dtypes``)."""
         torch = self.torch
         default_threads = torch.get_num_threads()
         torch.set_num_threads(threads if threads > 0 else self.default_threads)
         try:
-            return self._run(b, rounds, max_tokens, seed)
+            return self._run(self.models[dtype], b, rounds, max_tokens, seed)
         finally:
             torch.set_num_threads(default_threads)
 
-    def _run(self, b: int, rounds: int, max_tokens: int, seed: int) -> dict:
+    def _run(self, model, b: int, rounds: int, max_tokens: int, seed: int) -> dict:
         torch = self.torch
         ids = torch.tensor([self.prompt] * b)
         kw = dict(max_new_tokens=max_tokens, do_sample=True, temperature=0.8, top_k=0, top_p=1.0,
                   pad_token_id=next(iter(self.eos)))
         with torch.inference_mode():  # warm-up: allocator and kernels, 8 tokens
-            self.model.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, "max_new_tokens": 8})
+            model.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, "max_new_tokens": 8})
             toks = 0
             t0 = time.perf_counter()
             for r in range(rounds):
                 torch.manual_seed(seed + r)
-                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
                 for row in out[:, len(self.prompt):].tolist():
                     toks += next((j + 1 for j, x in enumerate(row) if x in self.eos), len(row))
             wall = time.perf_counter() - t0
         return {"tokens": toks, "wall_s": wall, "tokens_per_s": toks / wall, "requests": rounds * b,
                 "torch_threads": torch.get_num_threads()}
+
+
+def hf_kind(threads: int, dtype: str = "float32") -> str:
+    """The row name of a transformers baseline: ``transformers`` (torch's default threads, float32), then
+    ``_<n>t`` for ``threads`` > 0 and ``_bf16`` / ``_fp16`` for another dtype."""
+    name = "transformers" if threads <= 0 else f"transformers_{threads}t"
+    return name + {"float32": "", "bfloat16": "_bf16", "float16": "_fp16"}[dtype]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -190,8 +203,8 @@ def run(args: argparse.Namespace) -> dict:
     port = _free_port()
     proc = _start(port, max(args.batches), args.engine_args)
     rows = []
-    hf = HFBaseline(args.model) if args.baseline else None
-    hf_kinds = {("transformers" if n <= 0 else f"transformers_{n}t"): n for n in args.hf_threads} if hf else {}
+    hf = HFBaseline(args.model, tuple(args.hf_dtypes)) if args.baseline else None
+    hf_kinds = {hf_kind(n, d): (n, d) for d in args.hf_dtypes for n in args.hf_threads} if hf else {}
     kinds = list(hf_kinds) + [k for k in KINDS if k in args.kinds]
     try:
         with NInferClient(f"127.0.0.1:{port}") as c:
@@ -202,7 +215,7 @@ def run(args: argparse.Namespace) -> dict:
                     for kind in kinds:  # side by side: every kind once per repeat, interleaved
                         load0 = os.getloadavg()[0]
                         if kind in hf_kinds:
-                            out = hf.run(b, args.requests_per_lane, args.max_tokens, 7000 + rep, hf_kinds[kind])
+                            out = hf.run(b, args.requests_per_lane, args.max_tokens, 7000 + rep, *hf_kinds[kind])
                         else:
                             out = _closed_loop(c, KINDS[kind], b, args.requests_per_lane, args.max_tokens,
                                                100000 * rep)
@@ -257,6 +270,9 @@ def main() -> int:
     ap.add_argument("--hf-threads", type=int, nargs="+", default=[0],
                     help="transformers baseline variants by torch intra-op threads (0 = torch's default; "
                          "e.g. 0 1 adds a one-thread row, the engine's --cpu-threads auto on 2 cores)")
+    ap.add_argument("--hf-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
+                    help="transformers baseline variants by weight dtype (float32 = a plain load of the GGUF; "
+                         "bfloat16 is the fair row for an engine run with --engine-args --dtype bfloat16)")
     ap.add_argument("--engine-args", nargs=argparse.REMAINDER, default=[],
                     help="extra arguments for `python -m gpu_engine` (last on the line), e.g. --cpu-threads 2")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false",
@@ -269,9 +285,10 @@ def main() -> int:
         args.batches, args.max_tokens, args.requests_per_lane, args.repeats = [1, 2], 16, 2, 2
     res = run(args)
     out = results_path("cpu_bench", "cpu", str(args.out) if args.out else None)
-    meta = run_header("cpu", model=f"{args.model} (GGUF dequantised to float32)", max_tokens=args.max_tokens,
+    dtype = args.engine_args[args.engine_args.index("--dtype") + 1] if "--dtype" in args.engine_args[:-1] else "float32"
+    meta = run_header("cpu", model=f"{args.model} (GGUF dequantised to float32; engine {dtype})", max_tokens=args.max_tokens,
                       requests_per_lane=args.requests_per_lane, repeats=args.repeats,
-                      engine_args=args.engine_args, hf_threads=args.hf_threads,
+                      engine_args=args.engine_args, hf_threads=args.hf_threads, hf_dtypes=args.hf_dtypes,
                       client_torch_default_threads=__import__("torch").get_num_threads(),
                       note="engine: through the public gRPC API and the real sidecar, closed loop (each of B "
                       "client lanes sends its next request when the previous one ends; first request per lane "
