@@ -13,7 +13,7 @@ collections skip. Objects created afterwards are collected as before; only cycli
 objects alive at the freeze is never reclaimed, so it is called once per process, when start-up is done,
 from the process's entry point (never from library code that tests run in-process).
 
-``NINFER_GC_FREEZE=0`` turns the freeze off (A/B runs; ``bench/engine_bench.py --gc-freeze off``).
+``NINFER_GC_FREEZE=0`` (or ``false`` / ``off`` / ``no``) turns the freeze off (A/B runs; ``bench/engine_bench.py --gc-freeze off``).
 """
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ import time
 
 log = logging.getLogger("ninfer.gc")
 
-#: Environment switch read by :func:`freeze_enabled` (``"0"`` = off; anything else or unset = on).
+#: Environment switch read by :func:`freeze_enabled` (``0`` / ``false`` / ``off`` / ``no``, any case = off;
+#: anything else or unset = on).
 FREEZE_ENV = "NINFER_GC_FREEZE"
+_OFF = frozenset({"0", "false", "off", "no"})
 
 
 def freeze_enabled() -> bool:
     """Whether this process should freeze its start-up heap (``NINFER_GC_FREEZE``, default on)."""
-    return os.environ.get(FREEZE_ENV, "1").strip() != "0"
+    return os.environ.get(FREEZE_ENV, "1").strip().lower() not in _OFF
 
 
 def freeze_heap(context: str) -> int:

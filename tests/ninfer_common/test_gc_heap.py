@@ -56,7 +56,8 @@ def test_freeze_keeps_start_up_objects_out_of_collections(monkeypatch, unfrozen)
     assert ref() is None
 
 
-@pytest.mark.parametrize("value, on", [("0", False), (" 0 ", False), ("1", True), ("", True), (None, True)])
+@pytest.mark.parametrize("value, on", [("0", False), (" 0 ", False), ("false", False), ("OFF", False), ("No", False),
+                                      ("1", True), ("true", True), ("", True), (None, True)])
 def test_the_environment_switch(monkeypatch, unfrozen, value, on):
     if value is None:
         monkeypatch.delenv(gc_heap.FREEZE_ENV, raising=False)
