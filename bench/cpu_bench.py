@@ -190,6 +190,18 @@ class HFBaseline:
                 "torch_threads": torch.get_num_threads()}
 
 
+def engine_dtype(engine_args: list[str]) -> str:
+    """The weight dtype of the CPU engine that ``_start`` runs with ``engine_args``, read by the engine's own
+    argument parser (``--dtype auto`` resolved as :func:`gpu_engine.model.loader.default_dtype` does on the CPU)."""
+    import torch
+
+    from gpu_engine.api.serve import build_parser
+    from gpu_engine.model.loader import default_dtype
+
+    name = build_parser().parse_known_args(list(engine_args))[0].dtype
+    return str(default_dtype(torch.device("cpu"))).removeprefix("torch.") if name == "auto" else name
+
+
 def hf_kind(threads: int, dtype: str = "float32") -> str:
     """The row name of a transformers baseline: ``transformers`` (torch's default threads, float32), then
     ``_<n>t`` for ``threads`` > 0 and ``_bf16`` / ``_fp16`` for another dtype."""
@@ -285,8 +297,8 @@ def main() -> int:
         args.batches, args.max_tokens, args.requests_per_lane, args.repeats = [1, 2], 16, 2, 2
     res = run(args)
     out = results_path("cpu_bench", "cpu", str(args.out) if args.out else None)
-    dtype = args.engine_args[args.engine_args.index("--dtype") + 1] if "--dtype" in args.engine_args[:-1] else "float32"
-    meta = run_header("cpu", model=f"{args.model} (GGUF dequantised to float32; engine {dtype})", max_tokens=args.max_tokens,
+    meta = run_header("cpu", model=f"{args.model} (GGUF dequantised to float32; engine {engine_dtype(args.engine_args)})",
+                      max_tokens=args.max_tokens,
                       requests_per_lane=args.requests_per_lane, repeats=args.repeats,
                       engine_args=args.engine_args, hf_threads=args.hf_threads, hf_dtypes=args.hf_dtypes,
                       client_torch_default_threads=__import__("torch").get_num_threads(),

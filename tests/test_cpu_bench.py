@@ -32,3 +32,9 @@ def test_ratios_are_per_repeat_against_each_baseline_row() -> None:
     assert unc["ratio_vs_transformers"] == 1.5
     assert unc["ratio_vs_transformers_bf16"] == 1.875
     assert unc["ratio_vs_transformers_bf16_spread"]["min"] == 1.25
+
+
+def test_engine_dtype_is_read_by_the_engines_own_parser() -> None:
+    assert cb.engine_dtype([]) == "float32"  # auto on the CPU
+    assert cb.engine_dtype(["--dtype", "bfloat16"]) == "bfloat16"
+    assert cb.engine_dtype(["--cpu-threads", "2", "--dtype=bfloat16"]) == "bfloat16"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from gpu_engine.api.serve import build_parser, cpu_threads
@@ -70,10 +71,8 @@ def test_prefill_forwards_run_on_prefill_threads_and_decode_on_the_process_setti
         model.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
         for r in rows:
             r.num_cached = 0
-        try:
+        with pytest.raises(RuntimeError, match="boom"):
             prog._prefill_rows(rows)
-        except RuntimeError:
-            pass
         assert torch.get_num_threads() == 1  # restored after a failing prefill too
     finally:
         torch.set_num_threads(old)
