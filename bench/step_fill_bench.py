@@ -1,7 +1,7 @@
 """The sidecar's Step handling with and without overlapped chunk fills (issue 12 "No stall on expensive rows").
 
 usage: python bench/step_fill_bench.py [--rows 64] [--steps 300] [--chunks 0 16] [--fill-threads 0] [--shards 1]
-                                     [--out FILE.json]
+                                     [--prepare-load 0] [--canonical-memo on] [--out FILE.json]
 
 In one process (no gRPC, no subprocess: the number measured is the servicer's own ``_step`` time, the
 part the change touches), one :class:`constraint_service.server.ConstraintServicer` per
@@ -13,6 +13,14 @@ wrote for it last step, EOS excluded while another token is legal; a row that en
 is closed on the next Step and replaced by a new request. The servicers get identical Step messages,
 interleaved step by step (order alternating); the ring bytes are compared after every step. Reported:
 per-Step time p50/p90/mean per servicer (after ``--warmup`` steps) and the ratio to the first pair.
+
+``--prepare-load R`` adds what a closed loop at high B puts beside each Step: right before a servicer's
+timed ``_step``, R Prepare + Close calls of other requests (JSONSchemaBench schemas, ``--jsb``; cache hits
+after their first use) are handed to ``--prepare-threads`` threads, as the sidecar's gRPC handler threads
+run them while the Step thread works (B = 128 replaces 2.5-4.6 finished requests per step in
+``bench/results/engine_bench_h200.json``). ``--canonical-memo on off`` runs a servicer per setting (off:
+the compiler's canonical-form memo kept empty, every Prepare re-parses its schema as before it existed).
+``--switch-interval`` is per process: compare it across runs.
 """
 from __future__ import annotations
 
@@ -41,7 +49,8 @@ class Ctx:
         raise RuntimeError(status)
 
 
-def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int = 1, padding_fill: str = "auto"):
+def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int = 1, padding_fill: str = "auto",
+              canonical_memo: str = "on"):
     import constraint_service.backend.xgrammar_backend as xb
     from constraint_service.server import ConstraintServicer, SidecarOptions
     from ninfer.constraint.v1 import constraint_pb2 as pb
@@ -50,8 +59,10 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int =
 
     geo = RingGeometry(num_slots=2, num_lanes=rows, num_positions=1, vocab_size=vocab.vocab_size)
     ring = MaskRing.create(f"ninfer-stepfill-{os.getpid()}-{uuid.uuid4().hex[:6]}", geo)
+    # an 8 GiB grammar cache, as engine_bench's sidecar: 64 JSONSchemaBench grammars take ~360 MiB, more than
+    # the default 256 MiB (every --prepare-load call would otherwise compile again)
     sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0, fill_threads=fill_threads,
-                                           step_shards=shards))
+                                           step_shards=shards, cache_bytes=8 << 30))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
         eos_ids=list(vocab.eos_ids)), Ctx())
@@ -62,6 +73,10 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int =
         sv._compiler.backend  # noqa: B018 - built now, under the setting
     finally:
         xb.NARROW_FILL_MIN_PADDING = keep
+    if canonical_memo == "off":  # the A/B arm of the memo: a memo that keeps nothing
+        from constraint_service.compiler import _CanonicalMemo
+
+        sv._compiler._canonical = _CanonicalMemo(max_chars=0, max_entries=0)
     sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
                                        num_lanes=geo.num_lanes, num_positions=geo.num_positions,
                                        num_words=ring.geometry.num_words), Ctx())
@@ -83,6 +98,12 @@ def main(argv=None) -> int:
     ap.add_argument("--padding-fill", nargs="+", default=["auto"], choices=["auto", "wide"],
                     help="auto: the backend's rule (narrow fills from NARROW_FILL_MIN_PADDING padding ids); wide: "
                          "xgrammar knows all V ids; one servicer per value")
+    ap.add_argument("--prepare-load", type=int, default=0,
+                    help="Prepare + Close calls of other requests run beside each timed Step (0 = none)")
+    ap.add_argument("--prepare-threads", type=int, default=4, help="threads running the --prepare-load calls")
+    ap.add_argument("--jsb", type=int, default=64, help="JSONSchemaBench schemas the --prepare-load calls cycle through")
+    ap.add_argument("--canonical-memo", nargs="+", default=["on"], choices=["on", "off"],
+                    help="one servicer per value (off: the compiler's canonical-form memo keeps nothing)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/ninfer/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--switch-interval", type=float, default=0.0,
@@ -103,11 +124,31 @@ def main(argv=None) -> int:
         vocab = dataclasses.replace(vocab, vocab_size=args.pad_to)
     eos = set(vocab.eos_ids)
     schemas = [json.dumps(s) for s in json.loads((ROOT / "bench" / "schemas_sample.json").read_text())["schemas"]]
-    configs = [(c, n, k, f) for c in args.chunks for n in args.fill_threads for k in args.shards
-               for f in args.padding_fill]
+    configs = [(c, n, k, f, m) for c in args.chunks for n in args.fill_threads for k in args.shards
+               for f in args.padding_fill for m in args.canonical_memo]
     labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'} step_shards={k}" + (f" padding_fill={f}" if
-              len(args.padding_fill) > 1 or f != "auto" else "") for c, n, k, f in configs]
-    svs = [_servicer(vocab, args.rows, c, n, k, f) for c, n, k, f in configs]
+              len(args.padding_fill) > 1 or f != "auto" else "") + (f" canonical_memo={m}" if
+              len(args.canonical_memo) > 1 else "") for c, n, k, f, m in configs]
+    svs = [_servicer(vocab, args.rows, c, n, k, f, m) for c, n, k, f, m in configs]
+    load_pool = None
+    if args.prepare_load > 0:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from bench_common import jsb_sample
+
+        load_schemas = jsb_sample(args.jsb, seed=args.seed)["schemas"]
+        load_pool = ThreadPoolExecutor(args.prepare_threads, thread_name_prefix="prepare-load")
+    load_n = [0]
+
+    def prepare_and_close(sv, i: int) -> None:
+        rid = f"load{i}"
+        c = pb.Constraint(kind="json_schema", source=load_schemas[i % len(load_schemas)])
+        sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=c), Ctx())
+        sv.Close(pb.CloseRequest(request_id=rid), Ctx())
+
+    if load_pool is not None:  # every load schema compiled once before timing (the bench's grammar cache)
+        for sv, _ in svs:
+            list(load_pool.map(lambda i, sv=sv: prepare_and_close(sv, i), range(len(load_schemas))))
     rng = np.random.default_rng(args.seed)
     n = [0]
 
@@ -135,10 +176,16 @@ def main(argv=None) -> int:
         order = range(len(svs)) if step % 2 == 0 else reversed(range(len(svs)))
         for k in order:
             sv, _ = svs[k]
+            load = []
+            for _ in range(args.prepare_load):
+                load.append(load_pool.submit(prepare_and_close, sv, load_n[0]))
+                load_n[0] += 1
             t = time.perf_counter()
             sv._step(pb.StepRequest(step_seq=step + 1, slot=slot, rows=rows))
             if step >= args.warmup:
                 times[k].append(time.perf_counter() - t)
+            for f in load:
+                f.result()
         ref = svs[0][1]
         for _, ring in svs[1:]:
             if not (np.array_equal(ring.bitmask(slot), ref.bitmask(slot))
@@ -158,7 +205,8 @@ def main(argv=None) -> int:
             length[i] += 1
     res = run_header("cpu", rows=args.rows, steps=args.steps, warmup=args.warmup, requests=n[0],
                      vocab_size=vocab.vocab_size, tokenizer_tokens=len(vocab.token_bytes),
-                     switch_interval_s=sys.getswitchinterval(),
+                     switch_interval_s=sys.getswitchinterval(), prepare_load=args.prepare_load,
+                     prepare_threads=args.prepare_threads if args.prepare_load else 0,
                      ring_mismatches=mismatches, results={})
     base = statistics.median(times[0])
     print(f"Step handling, {args.rows} rows, {args.steps} steps (load avg at start {res['loadavg_at_start']}):")
@@ -170,6 +218,8 @@ def main(argv=None) -> int:
         print(f"  {label:<36} p50 {sp['median']:.3f} ms  p90 {np.percentile(ms, 90):.3f} ms  "
               f"mean {statistics.fmean(ms):.3f} ms  (x{statistics.median(ts) / base:.3f} of {labels[0]})")
     print(f"  ring slot differences between servicers: {mismatches}")
+    if load_pool is not None:
+        load_pool.shutdown()
     for sv, ring in svs:
         sv.close()
         ring.close()

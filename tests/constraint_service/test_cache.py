@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import VOCAB, make_big_vocab as _big_vocab, make_vocab
 from constraint_service.compiler import SMALL_SOURCE_BYTES, ConstraintCompiler
@@ -302,3 +303,72 @@ def test_timed_out_big_compiles_do_not_starve_small_ones():
     deadline = time.time() + 60  # let the abandoned compile finish before other tests
     while c.compiles_running != (0, 0) and time.time() < deadline:
         time.sleep(0.05)
+
+
+# -- the canonical-form memo (a cache-hit Prepare no longer re-parses its schema) ---------------------
+
+def test_canonical_memo_hits_by_content_not_identity():
+    from constraint_service.compiler import _CanonicalMemo
+
+    c = ConstraintCompiler(VOCAB)
+    src = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    first = c.cache_key(ConstraintSpec("json_schema", src))
+    copy = "".join(list(src))  # equal text, another object
+    assert copy is not src
+    again = c.cache_key(ConstraintSpec("json_schema", copy))
+    assert again is first  # served from the memo
+    assert again == c._canonicalise(ConstraintSpec("json_schema", src))[0]
+    # every field is part of the memo key: a different kind or wrapper is canonicalised on its own
+    assert c.cache_key(ConstraintSpec("grammar", 'root ::= "a"')) != c.cache_key(ConstraintSpec("regex", 'root ::= "a"'))
+    w = c.cache_key(ConstraintSpec("json_schema", src, wrapper='{"thinking":true}'))
+    assert w != first and w[3] == '{"thinking":true}'
+    assert isinstance(c._canonical, _CanonicalMemo) and len(c._canonical) == 4
+
+
+def test_canonical_memo_keeps_no_failures():
+    c = ConstraintCompiler(VOCAB)
+    for _ in range(2):  # checked again each time: an error is never served from the memo
+        with pytest.raises(ConstraintError) as ei:
+            c.cache_key(ConstraintSpec("json_schema", "{bad"))
+        assert ei.value.kind == "InvalidSchema"
+    assert len(c._canonical) == 0
+
+
+def test_canonical_memo_is_bounded_least_recently_used():
+    from constraint_service.compiler import _CanonicalMemo
+
+    m = _CanonicalMemo(max_chars=10, max_entries=3)
+    f = [("regex", s, (), "") for s in ("aa", "bb", "cc", "dd")]
+    for x in f[:3]:
+        m.put(x, (x[1],))
+    assert m.get(f[0]) == ("aa",)  # f[0] now most recent
+    m.put(f[3], ("dd",))  # 4 entries > 3: the least recently used (f[1]) goes
+    assert m.get(f[1]) is None and m.get(f[0]) == ("aa",) and m.get(f[3]) == ("dd",) and len(m) == 3
+    m.put(("regex", "x" * 8, (), ""), ("big",))  # 2 + 2 + 2 + 8 chars > 10: dropped oldest first
+    assert len(m) == 2 and m.get(("regex", "x" * 8, (), "")) == ("big",)
+    m.put(("regex", "y" * 11, (), ""), ("huge",))  # larger than the whole budget: not kept
+    assert m.get(("regex", "y" * 11, (), "")) is None and len(m) == 2
+    # choices and wrapper count towards the budget too
+    m.put(("choice", "", ("abcdefgh",), "w"), ("c",))
+    assert m._chars <= 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=12),
+       st.sampled_from([None, 0, 2]))
+def test_canonical_memo_matches_a_fresh_canonicalisation(value, indent):
+    """Property: whatever the schema text's spelling, the memoised key equals the key a fresh compiler
+    (empty memo) computes, and texts differing in content never share a key."""
+    import json as _json
+
+    schema = {"type": "object", "default": value}
+    text = _json.dumps(schema, indent=indent)
+    c = ConstraintCompiler(VOCAB)
+    spec = ConstraintSpec("json_schema", text)
+    k1, k2 = c.cache_key(spec), c.cache_key(ConstraintSpec("json_schema", text))
+    fresh = ConstraintCompiler(VOCAB).cache_key(spec)
+    assert k1 == k2 == fresh
+    other = ConstraintSpec("json_schema", _json.dumps({"type": "object", "default": [value]}))
+    assert c.cache_key(other) != k1
