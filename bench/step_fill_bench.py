@@ -18,7 +18,8 @@ per-Step time p50/p90/mean per servicer (after ``--warmup`` steps) and the ratio
 timed ``_step``, R Prepare + Close calls of other requests (JSONSchemaBench schemas, ``--jsb``; cache hits
 after their first use) are handed to ``--prepare-threads`` threads, as the sidecar's gRPC handler threads
 run them while the Step thread works (B = 128 replaces 2.5-4.6 finished requests per step in
-``bench/results/engine_bench_h200.json``). ``--canonical-memo on off`` runs a servicer per setting (off:
+``bench/results/engine_bench_h200.json``). Those Prepares are timed too (``prepare_hit_us``: cache hits, beside the Step and each other).
+``--canonical-memo on off`` runs a servicer per setting (off:
 the compiler's canonical-form memo kept empty, every Prepare re-parses its schema as before it existed).
 ``--switch-interval`` is per process: compare it across runs.
 """
@@ -140,10 +141,15 @@ def main(argv=None) -> int:
         load_pool = ThreadPoolExecutor(args.prepare_threads, thread_name_prefix="prepare-load")
     load_n = [0]
 
-    def prepare_and_close(sv, i: int) -> None:
+    prepare_s: dict[int, list] = {}  # id(servicer) -> seconds of each timed load Prepare (cache hits)
+
+    def prepare_and_close(sv, i: int, timed: bool = False) -> None:
         rid = f"load{i}"
         c = pb.Constraint(kind="json_schema", source=load_schemas[i % len(load_schemas)])
+        t = time.perf_counter()
         sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=c), Ctx())
+        if timed:
+            prepare_s.setdefault(id(sv), []).append(time.perf_counter() - t)
         sv.Close(pb.CloseRequest(request_id=rid), Ctx())
 
     if load_pool is not None:  # every load schema compiled once before timing (the bench's grammar cache)
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
             sv, _ = svs[k]
             load = []
             for _ in range(args.prepare_load):
-                load.append(load_pool.submit(prepare_and_close, sv, load_n[0]))
+                load.append(load_pool.submit(prepare_and_close, sv, load_n[0], step >= args.warmup))
                 load_n[0] += 1
             t = time.perf_counter()
             sv._step(pb.StepRequest(step_seq=step + 1, slot=slot, rows=rows))
@@ -217,6 +223,12 @@ def main(argv=None) -> int:
                                      ratio_vs_first=statistics.median(ts) / base)
         print(f"  {label:<36} p50 {sp['median']:.3f} ms  p90 {np.percentile(ms, 90):.3f} ms  "
               f"mean {statistics.fmean(ms):.3f} ms  (x{statistics.median(ts) / base:.3f} of {labels[0]})")
+        pre = [1e6 * t for t in prepare_s.get(id(svs[labels.index(label)][0]), [])]
+        if pre:  # the --prepare-load Prepares (cache hits, beside the Steps and each other)
+            res["results"][label]["prepare_hit_us"] = dict(median=statistics.median(pre), mean=statistics.fmean(pre),
+                                                           p90=float(np.percentile(pre, 90)), n=len(pre))
+            print(f"  {'':<36} its Prepares (cache hits, {len(pre)}): p50 {statistics.median(pre):.0f} us  "
+                  f"mean {statistics.fmean(pre):.0f} us")
     print(f"  ring slot differences between servicers: {mismatches}")
     if load_pool is not None:
         load_pool.shutdown()
