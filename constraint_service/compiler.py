@@ -73,8 +73,9 @@ __all__ = ["CompileStats", "ConstraintCompiler", "SMALL_SOURCE_BYTES"]
 #: request's output plan (``ConstraintSpec.wrapper``).
 PLAIN_WRAPPER = "plain"
 
-#: Bounds of the canonical-form memo (:class:`_CanonicalMemo`): source characters kept, entries kept.
-CANONICAL_MEMO_CHARS = 32 << 20
+#: Bounds of the canonical-form memo (:class:`_CanonicalMemo`): characters kept (each request's fields plus its
+#: canonical text), entries kept.
+CANONICAL_MEMO_CHARS = 16 << 20
 CANONICAL_MEMO_ENTRIES = 4096
 
 
@@ -86,38 +87,38 @@ class _CanonicalMemo:
     dev box, ~80% of a cache-hit Prepare), which the sidecar's Step thread then waits for. The memo is
     keyed by those field values (never by object identity), keeps only successful results (a malformed
     source is checked again each time) and drops the least recently used entries past
-    :data:`CANONICAL_MEMO_CHARS` source characters or :data:`CANONICAL_MEMO_ENTRIES` entries.
+    :data:`CANONICAL_MEMO_CHARS` characters (an entry's fields and its canonical text) or
+    :data:`CANONICAL_MEMO_ENTRIES` entries.
     """
 
     def __init__(self, max_chars: int = CANONICAL_MEMO_CHARS, max_entries: int = CANONICAL_MEMO_ENTRIES) -> None:
         self.max_chars, self.max_entries = int(max_chars), int(max_entries)
         self._lock = threading.Lock()
-        self._entries: "OrderedDict[tuple, tuple]" = OrderedDict()
+        self._entries: "OrderedDict[tuple, tuple[tuple, int]]" = OrderedDict()  # fields -> (value, cost)
         self._chars = 0
-
-    @staticmethod
-    def _cost(fields: tuple) -> int:
-        return len(fields[1]) + sum(map(len, fields[2])) + len(fields[3])
 
     def get(self, fields: tuple) -> Optional[tuple]:
         with self._lock:
             hit = self._entries.get(fields)
-            if hit is not None:
-                self._entries.move_to_end(fields)
-            return hit
+            if hit is None:
+                return None
+            self._entries.move_to_end(fields)
+            return hit[0]
 
-    def put(self, fields: tuple, value: tuple) -> None:
-        cost = self._cost(fields)
+    def put(self, fields: tuple, value: tuple, extra_chars: int = 0) -> None:
+        """Remember ``value`` for ``fields`` (``(kind, source, choices, wrapper)``); ``extra_chars``: the
+        characters ``value`` holds beyond the fields (the canonical text)."""
+        cost = len(fields[1]) + sum(map(len, fields[2])) + len(fields[3]) + int(extra_chars)
         if cost > self.max_chars:
             return
         with self._lock:
             if fields in self._entries:
                 return
-            self._entries[fields] = value
+            self._entries[fields] = (value, cost)
             self._chars += cost
             while self._chars > self.max_chars or len(self._entries) > self.max_entries:
-                old, _ = self._entries.popitem(last=False)
-                self._chars -= self._cost(old)
+                _, (_, c) = self._entries.popitem(last=False)
+                self._chars -= c
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -342,7 +343,7 @@ class ConstraintCompiler(BuildRunner):
         if hit is not None:
             return hit
         out = self._canonicalise(spec)
-        self._canonical.put(fields, out)
+        self._canonical.put(fields, out, extra_chars=len(out[0][1]))
         return out
 
     def _canonicalise(self, spec: ConstraintSpec) -> tuple[tuple, Any, int]:

@@ -348,9 +348,11 @@ def test_canonical_memo_is_bounded_least_recently_used():
     assert len(m) == 2 and m.get(("regex", "x" * 8, (), "")) == ("big",)
     m.put(("regex", "y" * 11, (), ""), ("huge",))  # larger than the whole budget: not kept
     assert m.get(("regex", "y" * 11, (), "")) is None and len(m) == 2
+    m.put(("regex", "z", (), ""), ("canon",), extra_chars=10)  # the canonical text counts too: 11 > 10
+    assert m.get(("regex", "z", (), "")) is None
     # choices and wrapper count towards the budget too
     m.put(("choice", "", ("abcdefgh",), "w"), ("c",))
-    assert m._chars <= 10
+    assert m._chars <= 10 and m.get(("choice", "", ("abcdefgh",), "w")) == ("c",) and len(m) == 1
 
 
 @settings(max_examples=60, deadline=None)
