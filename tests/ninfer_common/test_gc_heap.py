@@ -42,7 +42,9 @@ def test_freeze_keeps_start_up_objects_out_of_collections(monkeypatch, unfrozen)
     old = _Node()
     ref = weakref.ref(old)
     n = gc_heap.freeze_heap("test")
-    assert n == gc.get_freeze_count() > 1000
+    # n is the permanent generation right after the freeze; a thread left by an earlier test in this worker may
+    # free frozen objects since (the count only shrinks: nothing else freezes)
+    assert n > 1000 and 0 < gc.get_freeze_count() <= n
     del old
     gc.collect()
     assert ref() is not None  # frozen: a full collection skips it (why only process entry points freeze)
@@ -65,4 +67,4 @@ def test_the_environment_switch(monkeypatch, unfrozen, value, on):
         monkeypatch.setenv(gc_heap.FREEZE_ENV, value)
     assert gc_heap.freeze_enabled() is on
     n = gc_heap.freeze_heap("test")
-    assert (n > 0) is on and gc.get_freeze_count() == n
+    assert (n > 0) is on and (0 < gc.get_freeze_count() <= n if on else gc.get_freeze_count() == 0)
