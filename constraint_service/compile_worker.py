@@ -59,7 +59,7 @@ def main(fd: int) -> int:
             return 0
         t0 = time.perf_counter()
         try:
-            key, canon, _ = compiler._key_and_source(spec)
+            key, canon, _ = compiler._canonicalise(spec)  # cold specs only: nothing for a memo to keep
             grammar = compiler.grammar_of(backend, spec.kind, canon)
             compiler.compile_grammar(backend, spec.kind, grammar, key, threads=threads)  # the proof
             msg = ("ok", backend.grammar_to_text(grammar), time.perf_counter() - t0)

@@ -52,6 +52,7 @@ Seed 000 §编译与缓存, issue 3 "Compilation and cache":
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -73,10 +74,20 @@ __all__ = ["CompileStats", "ConstraintCompiler", "SMALL_SOURCE_BYTES"]
 #: request's output plan (``ConstraintSpec.wrapper``).
 PLAIN_WRAPPER = "plain"
 
-#: Bounds of the canonical-form memo (:class:`_CanonicalMemo`): characters kept (each request's fields plus its
-#: canonical text), entries kept.
-CANONICAL_MEMO_CHARS = 16 << 20
+#: Bounds of the canonical-form memo (:class:`_CanonicalMemo`): bytes of the strings and tuples it holds (each
+#: request's fields and its canonical form, ``sys.getsizeof``), entries kept.
+CANONICAL_MEMO_BYTES = 64 << 20
 CANONICAL_MEMO_ENTRIES = 4096
+
+
+def _held_bytes(*parts: Any) -> int:
+    """``sys.getsizeof`` of ``parts`` and, for tuples, of their items (strings and tuples of strings)."""
+    n = 0
+    for p in parts:
+        n += sys.getsizeof(p)
+        if isinstance(p, tuple):
+            n += sum(map(sys.getsizeof, p))
+    return n
 
 
 class _CanonicalMemo:
@@ -87,15 +98,15 @@ class _CanonicalMemo:
     dev box, ~80% of a cache-hit Prepare), which the sidecar's Step thread then waits for. The memo is
     keyed by those field values (never by object identity), keeps only successful results (a malformed
     source is checked again each time) and drops the least recently used entries past
-    :data:`CANONICAL_MEMO_CHARS` characters (an entry's fields and its canonical text) or
-    :data:`CANONICAL_MEMO_ENTRIES` entries.
+    :data:`CANONICAL_MEMO_BYTES` (the bytes of an entry's fields and canonical form, object headers and tuple
+    slots included) or :data:`CANONICAL_MEMO_ENTRIES` entries.
     """
 
-    def __init__(self, max_chars: int = CANONICAL_MEMO_CHARS, max_entries: int = CANONICAL_MEMO_ENTRIES) -> None:
-        self.max_chars, self.max_entries = int(max_chars), int(max_entries)
+    def __init__(self, max_bytes: int = CANONICAL_MEMO_BYTES, max_entries: int = CANONICAL_MEMO_ENTRIES) -> None:
+        self.max_bytes, self.max_entries = max(0, int(max_bytes)), max(0, int(max_entries))
         self._lock = threading.Lock()
-        self._entries: "OrderedDict[tuple, tuple[tuple, int]]" = OrderedDict()  # fields -> (value, cost)
-        self._chars = 0
+        self._entries: "OrderedDict[tuple, tuple[tuple, int]]" = OrderedDict()  # fields -> (value, bytes)
+        self._bytes = 0
 
     def get(self, fields: tuple) -> Optional[tuple]:
         with self._lock:
@@ -105,20 +116,20 @@ class _CanonicalMemo:
             self._entries.move_to_end(fields)
             return hit[0]
 
-    def put(self, fields: tuple, value: tuple, extra_chars: int = 0) -> None:
-        """Remember ``value`` for ``fields`` (``(kind, source, choices, wrapper)``); ``extra_chars``: the
-        characters ``value`` holds beyond the fields (the canonical text)."""
-        cost = len(fields[1]) + sum(map(len, fields[2])) + len(fields[3]) + int(extra_chars)
-        if cost > self.max_chars:
+    def put(self, fields: tuple, value: tuple, extra_bytes: int = 0) -> None:
+        """Remember ``value`` for ``fields`` (``(kind, source, choices, wrapper)``); ``extra_bytes``: what
+        ``value`` holds beyond the fields (its canonical text and values)."""
+        cost = _held_bytes(*fields[1:]) + int(extra_bytes)
+        if cost > self.max_bytes or self.max_entries == 0:
             return
         with self._lock:
             if fields in self._entries:
                 return
             self._entries[fields] = (value, cost)
-            self._chars += cost
-            while self._chars > self.max_chars or len(self._entries) > self.max_entries:
+            self._bytes += cost
+            while self._bytes > self.max_bytes or len(self._entries) > self.max_entries:
                 _, (_, c) = self._entries.popitem(last=False)
-                self._chars -= c
+                self._bytes -= c
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -338,12 +349,16 @@ class ConstraintCompiler(BuildRunner):
         """(cache key, value for the kind's converter, source bytes) -- the kind's registry entry;
         a wrapped constraint (thinking / tools) carries ``Wrapped(body value, body text, wrapper)``.
         Remembered by the spec's field values (:class:`_CanonicalMemo`)."""
-        fields = (spec.kind, spec.source, spec.choices, spec.wrapper)
-        hit = self._canonical.get(fields)
+        fields = (spec.kind, spec.source, tuple(spec.choices), spec.wrapper)
+        try:
+            hit = self._canonical.get(fields)
+        except TypeError:  # an unhashable field (not from the wire): canonicalised without the memo
+            return self._canonicalise(spec)
         if hit is not None:
             return hit
         out = self._canonicalise(spec)
-        self._canonical.put(fields, out, extra_chars=len(out[0][1]))
+        key, value, _ = out
+        self._canonical.put(fields, out, extra_bytes=_held_bytes(key[1], *(v for v in (value,) if v is not key[1])))
         return out
 
     def _canonicalise(self, spec: ConstraintSpec) -> tuple[tuple, Any, int]:

@@ -335,24 +335,40 @@ def test_canonical_memo_keeps_no_failures():
 
 
 def test_canonical_memo_is_bounded_least_recently_used():
-    from constraint_service.compiler import _CanonicalMemo
+    import sys
 
-    m = _CanonicalMemo(max_chars=10, max_entries=3)
+    from constraint_service.compiler import _CanonicalMemo, _held_bytes
+
     f = [("regex", s, (), "") for s in ("aa", "bb", "cc", "dd")]
+    one = _held_bytes(*f[0][1:])
+    assert one == sys.getsizeof("aa") + sys.getsizeof(()) + sys.getsizeof("")
+    m = _CanonicalMemo(max_bytes=10 * one, max_entries=3)
     for x in f[:3]:
         m.put(x, (x[1],))
     assert m.get(f[0]) == ("aa",)  # f[0] now most recent
     m.put(f[3], ("dd",))  # 4 entries > 3: the least recently used (f[1]) goes
     assert m.get(f[1]) is None and m.get(f[0]) == ("aa",) and m.get(f[3]) == ("dd",) and len(m) == 3
-    m.put(("regex", "x" * 8, (), ""), ("big",))  # 2 + 2 + 2 + 8 chars > 10: dropped oldest first
-    assert len(m) == 2 and m.get(("regex", "x" * 8, (), "")) == ("big",)
-    m.put(("regex", "y" * 11, (), ""), ("huge",))  # larger than the whole budget: not kept
-    assert m.get(("regex", "y" * 11, (), "")) is None and len(m) == 2
-    m.put(("regex", "z", (), ""), ("canon",), extra_chars=10)  # the canonical text counts too: 11 > 10
-    assert m.get(("regex", "z", (), "")) is None
-    # choices and wrapper count towards the budget too
-    m.put(("choice", "", ("abcdefgh",), "w"), ("c",))
-    assert m._chars <= 10 and m.get(("choice", "", ("abcdefgh",), "w")) == ("c",) and len(m) == 1
+    m.put(("regex", "big", (), ""), ("big",), extra_bytes=7 * one)  # 3 + 8 entries' worth > 10: the two oldest go
+    assert m.get(("regex", "big", (), "")) == ("big",) and m._bytes <= m.max_bytes and len(m) == 2
+    m.put(("regex", "huge", (), ""), ("huge",), extra_bytes=10 * one)  # more than the whole budget: not kept
+    assert m.get(("regex", "huge", (), "")) is None and len(m) == 2
+    # object headers and tuple slots count: 5000 empty choice options are not free
+    many = ("choice", "", ("",) * 5000, "")
+    assert _held_bytes(*many[1:]) >= 8 * 5000
+    m.put(many, ("c",))
+    assert m.get(many) is None  # larger than the budget
+    assert sum(c for _, c in m._entries.values()) == m._bytes
+    # a budget or entry count of 0 (or less) keeps nothing
+    for z in (_CanonicalMemo(max_bytes=0), _CanonicalMemo(max_entries=-1)):
+        z.put(f[0], ("aa",))
+        assert len(z) == 0 and z.get(f[0]) is None
+
+
+def test_canonical_memo_takes_any_choice_sequence():
+    c = ConstraintCompiler(VOCAB)
+    k = c.cache_key(ConstraintSpec("choice", choices=["b", "a"]))  # a list (not hashable): still keyed
+    assert k == c.cache_key(ConstraintSpec("choice", choices=("a", "b")))
+    assert c._canonicalise(ConstraintSpec("choice", choices=["x"]))[0] == c.cache_key(ConstraintSpec("choice", choices=("x",)))
 
 
 @settings(max_examples=60, deadline=None)
