@@ -77,7 +77,7 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int =
     if canonical_memo == "off":  # the A/B arm of the memo: a memo that keeps nothing
         from constraint_service.compiler import _CanonicalMemo
 
-        sv._compiler._canonical = _CanonicalMemo(max_chars=0, max_entries=0)
+        sv._compiler._canonical = _CanonicalMemo(max_bytes=0, max_entries=0)
     sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
                                        num_lanes=geo.num_lanes, num_positions=geo.num_positions,
                                        num_words=ring.geometry.num_words), Ctx())
@@ -141,20 +141,20 @@ def main(argv=None) -> int:
         load_pool = ThreadPoolExecutor(args.prepare_threads, thread_name_prefix="prepare-load")
     load_n = [0]
 
-    prepare_s: dict[int, list] = {}  # id(servicer) -> seconds of each timed load Prepare (cache hits)
+    prepare_s: list[list] = [[] for _ in svs]  # per servicer: seconds of each timed load Prepare (cache hits)
 
-    def prepare_and_close(sv, i: int, timed: bool = False) -> None:
-        rid = f"load{i}"
+    def prepare_and_close(k: int, i: int, timed: bool = False) -> None:
+        sv, rid = svs[k][0], f"load{i}"
         c = pb.Constraint(kind="json_schema", source=load_schemas[i % len(load_schemas)])
         t = time.perf_counter()
         sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=c), Ctx())
         if timed:
-            prepare_s.setdefault(id(sv), []).append(time.perf_counter() - t)
+            prepare_s[k].append(time.perf_counter() - t)
         sv.Close(pb.CloseRequest(request_id=rid), Ctx())
 
     if load_pool is not None:  # every load schema compiled once before timing (the bench's grammar cache)
-        for sv, _ in svs:
-            list(load_pool.map(lambda i, sv=sv: prepare_and_close(sv, i), range(len(load_schemas))))
+        for k in range(len(svs)):
+            list(load_pool.map(lambda i, k=k: prepare_and_close(k, i), range(len(load_schemas))))
     rng = np.random.default_rng(args.seed)
     n = [0]
 
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
             sv, _ = svs[k]
             load = []
             for _ in range(args.prepare_load):
-                load.append(load_pool.submit(prepare_and_close, sv, load_n[0], step >= args.warmup))
+                load.append(load_pool.submit(prepare_and_close, k, load_n[0], step >= args.warmup))
                 load_n[0] += 1
             t = time.perf_counter()
             sv._step(pb.StepRequest(step_seq=step + 1, slot=slot, rows=rows))
@@ -216,14 +216,14 @@ def main(argv=None) -> int:
                      ring_mismatches=mismatches, results={})
     base = statistics.median(times[0])
     print(f"Step handling, {args.rows} rows, {args.steps} steps (load avg at start {res['loadavg_at_start']}):")
-    for label, ts in zip(labels, times):
+    for label, ts, pre_s in zip(labels, times, prepare_s):
         ms = [1e3 * t for t in ts]
         sp = spread(ms)
         res["results"][label] = dict(step_ms=sp, p90_ms=float(np.percentile(ms, 90)), mean_ms=statistics.fmean(ms),
                                      ratio_vs_first=statistics.median(ts) / base)
         print(f"  {label:<36} p50 {sp['median']:.3f} ms  p90 {np.percentile(ms, 90):.3f} ms  "
               f"mean {statistics.fmean(ms):.3f} ms  (x{statistics.median(ts) / base:.3f} of {labels[0]})")
-        pre = [1e6 * t for t in prepare_s.get(id(svs[labels.index(label)][0]), [])]
+        pre = [1e6 * t for t in pre_s]
         if pre:  # the --prepare-load Prepares (cache hits, beside the Steps and each other)
             res["results"][label]["prepare_hit_us"] = dict(median=statistics.median(pre), mean=statistics.fmean(pre),
                                                            p90=float(np.percentile(pre, 90)), n=len(pre))

@@ -358,7 +358,8 @@ class ConstraintCompiler(BuildRunner):
             return hit
         out = self._canonicalise(spec)
         key, value, _ = out
-        self._canonical.put(fields, out, extra_bytes=_held_bytes(key[1], *(v for v in (value,) if v is not key[1])))
+        text = key[1]  # the canonical text; the converter value is often that same object
+        self._canonical.put(fields, out, extra_bytes=_held_bytes(text) + (0 if value is text else _held_bytes(value)))
         return out
 
     def _canonicalise(self, spec: ConstraintSpec) -> tuple[tuple, Any, int]:
