@@ -193,6 +193,37 @@ class OutputSession:
             status[i:] = UNREACHABLE
 
     # -- transactions -------------------------------------------------------------
+    def _accept(self, tokens: Sequence[int]) -> tuple[int, tuple[bool, bool]]:
+        """Accept ``tokens`` in the matcher: ``(number accepted, (complete, terminated))`` afterwards; on a
+        rejected token the matcher is rolled back to where it was and :class:`IntegrityError` raised."""
+        if self._closed:
+            raise IntegrityError("session is closed")
+        if self._preview_len >= 0:
+            raise IntegrityError("preview while another preview is pending")
+        matcher, eos, vsize = self._matcher, self._eos, self._vocab_size
+        accept = matcher.accept_token
+        # Only an accepted EOS (stop token) terminates the matcher, so the matcher is asked only after
+        # one: on the Step path this saves two library calls per row and token.
+        terminated = self._terminated
+        n = 0
+        for j, tok in enumerate(tokens):
+            tok = int(tok)
+            reason = ""
+            if terminated:
+                reason = "after EOS"
+            elif not (0 <= tok < vsize) or not accept(tok):
+                reason = "rejected by the grammar"
+            if reason:
+                matcher.rollback(n)
+                raise IntegrityError(
+                    f"committed token {tok} (position {j} of {len(tokens)} this step, "
+                    f"{self._num_committed + j} overall) {reason}"
+                )
+            n += 1
+            if tok in eos:
+                terminated = matcher.is_terminated()
+        return n, (matcher.is_completed(), terminated)
+
     def preview(self, tokens: Sequence[int]) -> PreviewResult:
         """Tentatively accept the tokens a step produced (may end with EOS).
 
@@ -206,34 +237,20 @@ class OutputSession:
             IntegrityError: a token the grammar rejects (state restored), a
                 token after EOS, a preview already pending, a closed session.
         """
-        if self._closed:
-            raise IntegrityError("session is closed")
-        if self._preview_len >= 0:
-            raise IntegrityError("preview while another preview is pending")
-        matcher, eos, vsize = self._matcher, self._eos, self._vocab_size
-        # Only an accepted EOS (stop token) terminates the matcher, so the matcher is asked only after
-        # one: on the Step path this saves two library calls per row and token.
-        terminated = self._terminated
-        n = 0
-        for j, tok in enumerate(tokens):
-            tok = int(tok)
-            reason = ""
-            if terminated:
-                reason = "after EOS"
-            elif not (0 <= tok < vsize) or not matcher.accept_token(tok):
-                reason = "rejected by the grammar"
-            if reason:
-                matcher.rollback(n)
-                raise IntegrityError(
-                    f"committed token {tok} (position {j} of {len(tokens)} this step, "
-                    f"{self._num_committed + j} overall) {reason}"
-                )
-            n += 1
-            if tok in eos:
-                terminated = matcher.is_terminated()
+        n, state = self._accept(tokens)
         self._preview_len = n
-        self._preview_state = state = (matcher.is_completed(), terminated)
+        self._preview_state = state
         return PreviewResult(*state)
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """:meth:`preview` then :meth:`commit` in one call (the Step path's per-row commit).
+
+        Raises:
+            IntegrityError: as :meth:`preview`; the state is unchanged and no preview is pending.
+        """
+        n, state = self._accept(tokens)
+        self._num_committed += n
+        self._complete, self._terminated = state
 
     def commit(self) -> None:
         """Confirm the pending preview (no allocation, no grammar check).

@@ -207,10 +207,8 @@ class StepShard:
             s = live.session
             if commit:
                 try:
-                    s.preview(commit)
-                    s.commit()
+                    s.advance(commit)
                 except IntegrityError as e:
-                    s.discard()
                     log.error("integrity error: request_id=%s row=%d tokens=%s: %s", rid, lane, list(commit), e)
                     out.append([rid, lane, INTEGRITY, False, False, str(e)])
                     idle.append(lane)

@@ -312,18 +312,17 @@ class XGrammarBackend:
 class XGrammarMatcher:
     """One request's mutable grammar state (never shared between requests)."""
 
-    __slots__ = ("_m", "backend")
+    __slots__ = ("_m", "backend", "_limit")
 
     def __init__(self, matcher: "xgr.GrammarMatcher", backend: XGrammarBackend) -> None:
         self._m = matcher
         self.backend = backend
+        self._limit = backend.xgr_vocab_size  # ids from here on: padding of a narrow backend, never allowed
 
     def accept_token(self, token_id: int) -> bool:
         """Accept one token id; False (state unchanged) if the grammar rejects it (a padding id too)."""
         token_id = int(token_id)
-        if token_id >= self.backend.xgr_vocab_size:  # padding of a narrow backend: never allowed
-            return False
-        return self._m.accept_token(token_id)
+        return token_id < self._limit and self._m.accept_token(token_id)
 
     def accept_bytes(self, data: bytes) -> bool:
         """Accept raw bytes (may split a UTF-8 character); one rollback step."""

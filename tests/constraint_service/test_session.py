@@ -139,6 +139,29 @@ def test_rejected_committed_token_is_integrity_error(compiler):
             s.preview([bad])
 
 
+def test_advance_is_preview_then_commit(compiler):
+    """The Step path's one-call commit leaves the state preview + commit leaves, and on a rejected token the
+    state before it (nothing pending)."""
+    a, b = make_session(compiler, "grammar", STATUS_GRAMMAR), make_session(compiler, "grammar", STATUS_GRAMMAR)
+    for tokens in ([tok(b"status=")], [tok(b"ok"), ord("\n")], [EOS]):
+        b.preview(tokens)
+        b.commit()
+        a.advance(tokens)
+        if not b.is_terminated:  # no lookahead after EOS
+            assert state(a) == state(b)
+        assert (a.is_complete, a.is_terminated, a.num_committed_tokens) == (b.is_complete, b.is_terminated,
+                                                                           b.num_committed_tokens)
+    c = make_session(compiler, "grammar", STATUS_GRAMMAR)
+    c.advance([tok(b"status=")])
+    before = state(c)
+    with pytest.raises(IntegrityError, match="rejected"):
+        c.advance([tok(b"ok"), ord("x")])
+    assert state(c) == before and not c.preview_pending and c.num_committed_tokens == 1
+    c.preview([tok(b"ok")])
+    with pytest.raises(IntegrityError, match="pending"):
+        c.advance([ord("\n")])
+
+
 def test_a_token_after_eos_in_the_same_preview_is_rejected_and_nothing_stays(compiler):
     s = make_session(compiler, "grammar", STATUS_GRAMMAR)
     before = state(s)
