@@ -258,7 +258,7 @@ def main(argv=None) -> int:
                      ring_mismatches=mismatches, results={})
     base = statistics.median(times[0])
     print(f"Step handling, {args.rows} rows, {args.steps} steps (load avg at start {res['loadavg_at_start']}):")
-    for label, ts, pre_s in zip(labels, times, prepare_s):
+    for k, (label, ts, pre_s) in enumerate(zip(labels, times, prepare_s)):
         ms = [1e3 * t for t in ts]
         sp = spread(ms)
         res["results"][label] = dict(step_ms=sp, p90_ms=float(np.percentile(ms, 90)), mean_ms=statistics.fmean(ms),
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
             print(f"  {'':<36} its Prepares (cache hits, {len(pre)}): p50 {statistics.median(pre):.0f} us  "
                   f"mean {statistics.fmean(pre):.0f} us")
         if phases is not None:
-            ph = phases.per_step_ms(labels.index(label), args.steps)
+            ph = phases.per_step_ms(k, args.steps)
             res["results"][label]["phases_ms_per_step"] = ph
             print(f"  {'':<36} mean ms per Step: " + "  ".join(f"{p} {v:.3f}" for p, v in ph.items()))
     print(f"  ring slot differences between servicers: {mismatches}")

@@ -248,9 +248,8 @@ class OutputSession:
         Raises:
             IntegrityError: as :meth:`preview`; the state is unchanged and no preview is pending.
         """
-        n, state = self._accept(tokens)
-        self._num_committed += n
-        self._complete, self._terminated = state
+        self._preview_len, self._preview_state = self._accept(tokens)
+        self.commit()
 
     def commit(self) -> None:
         """Confirm the pending preview (no allocation, no grammar check).
