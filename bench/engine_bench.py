@@ -123,7 +123,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
                 tokenizer_from: str, fill_threads: int = 0, compile_timeout: float = 10.0,
                 prefill_graphs: str = "on", loaded=None, fill_chunk_rows: int = 0,
                 mask_soft_wait_ms: float | None = None, step_shards: int = 0, step_transport: str = "socket",
-                finish: str = "fused", cache_bytes: int = 0):
+                finish: str = "fused", cache_bytes: int = 0, fill_rows_per_thread: int = -1):
     """Loaded model, ring, sidecar (started), program and engine (worker thread not started); ``loaded``:
     an already built model (random-weight shapes from bench_common.load_shape)."""
     import torch
@@ -144,7 +144,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     sidecar = Sidecar(None, vocab, ring_info, step_transport=step_transport,
                       extra_args=["--fill-threads", str(fill_threads), "--compile-timeout", str(compile_timeout),
                                   "--fill-chunk-rows", str(fill_chunk_rows), "--step-shards", str(step_shards)]
-                      + (["--grammar-cache-bytes", str(cache_bytes)] if cache_bytes > 0 else []))
+                      + (["--grammar-cache-bytes", str(cache_bytes)] if cache_bytes > 0 else [])
+                      + ["--fill-rows-per-thread", str(fill_rows_per_thread)])
     t0 = time.perf_counter()
     if loaded.model.device.type == "cuda":
         from gpu_engine.executor.cuda_graph import CudaProgram
@@ -676,7 +677,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                                             fill_chunk_rows=args.fill_chunk_rows,
                                             mask_soft_wait_ms=args.mask_soft_wait, step_shards=args.step_shards,
                                             step_transport=args.step_transport, finish=args.finish,
-                                            cache_bytes=args.grammar_cache_bytes)
+                                            cache_bytes=args.grammar_cache_bytes,
+                                            fill_rows_per_thread=args.fill_rows_per_thread)
     if args.publish == "immediate":  # A/B of deferred publishing (gpu_engine.engine.output); default: the engine's
         engine.defer_publish = False
     from gpu_engine.engine.step_send import StepSendPolicy
@@ -1037,6 +1039,9 @@ def main(argv=None) -> int:
                     help="JSONSchemaBench schemas of the json_schema_jsb variant (0 = leave the variant out)")
     ap.add_argument("--fill-threads", type=int, default=0,
                     help="sidecar mask-fill threads (0 = the sidecar's auto choice)")
+    ap.add_argument("--fill-rows-per-thread", type=int, default=-1,
+                    help="sidecar: rows per batch-fill thread (fewer rows, fewer threads; -1 = its default, "
+                         "0 = always --fill-threads)")
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="sidecar compile deadline, s")
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
                     help="sidecar: fill a Step's rows in chunks of N overlapped with later commits (0 = off)")
@@ -1106,6 +1111,7 @@ def main(argv=None) -> int:
         num_schemas=len(schemas), cuda_graphs=args.cuda_graphs,
         fill_threads=args.fill_threads or _auto_fill_threads(args.step_shards or _auto_step_shards()),
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
+        fill_rows_per_thread=args.fill_rows_per_thread,
         step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
         gc_freeze=args.gc_freeze, prepare_threads=args.prepare_threads, grammar_cache_bytes=args.grammar_cache_bytes,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "

@@ -88,7 +88,7 @@ class _Phases:
 
 
 def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int = 1, padding_fill: str = "auto",
-              canonical_memo: str = "on"):
+              canonical_memo: str = "on", rows_per_thread: int = -1):
     import constraint_service.backend.xgrammar_backend as xb
     from constraint_service.server import ConstraintServicer, SidecarOptions
     from ninfer.constraint.v1 import constraint_pb2 as pb
@@ -100,7 +100,8 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int =
     # an 8 GiB grammar cache, as engine_bench's sidecar: 64 JSONSchemaBench grammars take ~360 MiB, more than
     # the default 256 MiB (every --prepare-load call would otherwise compile again)
     sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0, fill_threads=fill_threads,
-                                           step_shards=shards, cache_bytes=8 << 30))
+                                           step_shards=shards, cache_bytes=8 << 30,
+                                           fill_rows_per_thread=None if rows_per_thread < 0 else rows_per_thread))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
         eos_ids=list(vocab.eos_ids)), Ctx())
@@ -129,6 +130,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, nargs="+", default=[0, 16])
     ap.add_argument("--fill-threads", type=int, nargs="+", default=[0],
                     help="xgrammar batch-fill threads (0 = the sidecar's auto); one servicer per (chunks, threads)")
+    ap.add_argument("--rows-per-thread", type=int, nargs="+", default=[-1],
+                    help="the sidecar's fill_rows_per_thread (-1 = its default; 0 = always --fill-threads threads); "
+                         "one servicer per value")
     ap.add_argument("--shards", type=int, nargs="+", default=[1],
                     help="sidecar Step shards (processes); one servicer per (chunks, threads, shards)")
     ap.add_argument("--pad-to", type=int, default=0,
@@ -164,12 +168,13 @@ def main(argv=None) -> int:
         vocab = dataclasses.replace(vocab, vocab_size=args.pad_to)
     eos = set(vocab.eos_ids)
     schemas = [json.dumps(s) for s in json.loads((ROOT / "bench" / "schemas_sample.json").read_text())["schemas"]]
-    configs = [(c, n, k, f, m) for c in args.chunks for n in args.fill_threads for k in args.shards
-               for f in args.padding_fill for m in args.canonical_memo]
+    configs = [(c, n, k, f, m, r) for c in args.chunks for n in args.fill_threads for k in args.shards
+               for f in args.padding_fill for m in args.canonical_memo for r in args.rows_per_thread]
     labels = [f"fill_chunk_rows={c} fill_threads={n or 'auto'} step_shards={k}" + (f" padding_fill={f}" if
               len(args.padding_fill) > 1 or f != "auto" else "") + (f" canonical_memo={m}" if
-              len(args.canonical_memo) > 1 else "") for c, n, k, f, m in configs]
-    svs = [_servicer(vocab, args.rows, c, n, k, f, m) for c, n, k, f, m in configs]
+              len(args.canonical_memo) > 1 else "") + (f" rows_per_thread={'default' if r < 0 else r}" if
+              len(args.rows_per_thread) > 1 or r >= 0 else "") for c, n, k, f, m, r in configs]
+    svs = [_servicer(vocab, args.rows, c, n, k, f, m, r) for c, n, k, f, m, r in configs]
     phases = _Phases(len(svs)) if args.phases else None
     load_pool = None
     if args.prepare_load > 0:

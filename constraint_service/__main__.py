@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-threads", type=int, default=0,
                     help="threads of xgrammar's batch mask fill on the Step path (0 = auto: min(8, CPUs), "
                          "1 on 2 CPUs)")
+    ap.add_argument("--fill-rows-per-thread", type=int, default=-1,
+                    help="rows each batch-fill thread must have: a Step filling fewer rows uses fewer threads, 1 "
+                         "below twice this (-1 = the default, 16; 0 = always --fill-threads)")
     ap.add_argument("--compile-threads", type=int, default=0,
                     help="xgrammar threads per cold compile (0 = auto: a quarter of the CPUs, 1 to 8)")
     ap.add_argument("--fill-chunk-rows", type=int, default=0,
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     servicer = ConstraintServicer(SidecarOptions(args.grammar_cache_bytes, args.max_cold_compiles, args.compile_timeout,
                                                  fill_threads=max(0, args.fill_threads),
                                                  fill_chunk_rows=max(0, args.fill_chunk_rows),
+                                                 fill_rows_per_thread=(None if args.fill_rows_per_thread < 0
+                                                                       else args.fill_rows_per_thread),
                                                  compile_threads=max(0, args.compile_threads),
                                                  step_shards=max(0, args.step_shards)),
                                   # a lost shard worker: NOT_SERVING, so the engine's heartbeat restarts us

@@ -160,10 +160,12 @@ class ConstraintCompiler(BuildRunner):
             (at nice 19, never holding a slot) before new builds of sources larger
             than :data:`SMALL_SOURCE_BYTES` wait for them (default: ``max_cold_compiles``;
             small sources are admitted up to four times as many).
-        fill_threads: threads for the backend's batch mask fill.
+        fill_threads: the most threads of the backend's batch mask fill.
+        fill_rows_per_thread: rows per batch-fill thread (``XGrammarBackend``'s); None = the backend's default
+            (not passed to ``backend_factory``).
         max_failures_remembered: size of the per-key failure memory.
         backend_factory: builds the :class:`~constraint_service.backend.base.Backend`
-            as ``backend_factory(vocab, fill_threads=...)`` on first constrained use
+            as ``backend_factory(vocab, fill_threads=..., [fill_rows_per_thread=...])`` on first constrained use
             (default :class:`~constraint_service.backend.XGrammarBackend`).
         isolate: run each cold compile first in a killable worker process (a warm pool of
             ``max_cold_compiles`` processes, started now in the background; xgrammar backend only),
@@ -176,7 +178,7 @@ class ConstraintCompiler(BuildRunner):
     def __init__(self, vocab: Vocabulary, *, cache_bytes: int = 256 << 20,
                  max_cold_compiles: int = 2, compile_timeout_s: float = 10.0,
                  max_abandoned_compiles: Optional[int] = None, fill_threads: int = 2,
-                 max_failures_remembered: int = 256,
+                 fill_rows_per_thread: Optional[int] = None, max_failures_remembered: int = 256,
                  backend_factory: Callable[..., Backend] = XGrammarBackend, isolate: bool = False,
                  compile_threads: int = 1) -> None:
         if max_cold_compiles < 1:
@@ -189,7 +191,9 @@ class ConstraintCompiler(BuildRunner):
         )
         self.compile_timeout_s = float(compile_timeout_s)
         self.stats = CompileStats()
-        self._fill_threads = fill_threads
+        self._fill_kw: dict = {"fill_threads": fill_threads}
+        if fill_rows_per_thread is not None:
+            self._fill_kw["fill_rows_per_thread"] = int(fill_rows_per_thread)
         self._backend_factory = backend_factory
         self._max_failures = max_failures_remembered
         self._backend: Optional[Backend] = None
@@ -218,7 +222,7 @@ class ConstraintCompiler(BuildRunner):
         if b is None:
             with self._backend_lock:
                 if self._backend is None:
-                    self._backend = self._backend_factory(self.vocab, fill_threads=self._fill_threads)
+                    self._backend = self._backend_factory(self.vocab, **self._fill_kw)
                 b = self._backend
         return b
 

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import grpc
 
@@ -72,6 +72,9 @@ class SidecarOptions:
             itself and ``step_shards - 1`` shard workers, each with its own sessions, compile cache and
             fill threads (``fill_threads`` each; auto = the CPUs / shards, 1 to 8); 0 = auto: 1 below 8
             CPUs, else a quarter of the CPUs, at most 4.
+        fill_rows_per_thread: rows each batch-fill thread must have (``XGrammarBackend`` ``fill_rows_per_thread``:
+            a Step filling ``n`` rows uses ``n // fill_rows_per_thread`` threads, 1 to ``fill_threads``); 0 =
+            always ``fill_threads``; None = the backend's default (16).
         step_timeout_s: the longest wait for a shard worker's Step answer (it is then broken: the
             sidecar reports ``NOT_SERVING`` and its engine restarts it).
     """
@@ -85,6 +88,7 @@ class SidecarOptions:
     isolate_compiles: bool = True
     step_shards: int = 1
     step_timeout_s: float = 30.0
+    fill_rows_per_thread: Optional[int] = None
 
 
 def _cpus() -> int:
@@ -201,12 +205,13 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             max_cold_compiles=self.options.max_cold_compiles,
             compile_timeout_s=self.options.compile_timeout_s,
             fill_threads=fill_threads,
+            fill_rows_per_thread=self.options.fill_rows_per_thread,
             isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
             compile_threads=compile_threads,
         )
         worker_opts = dict(cache_bytes=self.options.cache_bytes, max_cold_compiles=self.options.max_cold_compiles,
                            compile_timeout_s=3 * self.options.compile_timeout_s, fill_threads=fill_threads,
-                           compile_threads=compile_threads, fill_chunk_rows=self.options.fill_chunk_rows,
+                           fill_rows_per_thread=self.options.fill_rows_per_thread, compile_threads=compile_threads, fill_chunk_rows=self.options.fill_chunk_rows,
                            log_level=logging.getLevelName(log.getEffectiveLevel()))
         remote = [RemoteShard(k, vocab, worker_opts, on_broken=self._break) for k in range(1, shards)]
         with self._lock:

@@ -34,7 +34,7 @@ class RemoteShard:
         index: the shard's index (1..N-1; shard 0 lives in the sidecar process).
         vocab: the vocabulary (pickled to the worker once).
         options: the worker's compiler and fill settings (``cache_bytes``, ``max_cold_compiles``,
-            ``compile_timeout_s``, ``fill_threads``, ``compile_threads``, ``fill_chunk_rows``).
+            ``compile_timeout_s``, ``fill_threads``, ``fill_rows_per_thread``, ``compile_threads``, ``fill_chunk_rows``).
         on_broken: called once with why when the worker is lost (not after :meth:`kill`), from whichever
             thread notices first.
     """

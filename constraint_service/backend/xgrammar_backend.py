@@ -168,6 +168,12 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
 #: see the module docstring). Below it the per-fill cost of the padding is small (Qwen3: 267 ids).
 NARROW_FILL_MIN_PADDING = 1024
 
+#: default rows per batch-fill thread (:class:`XGrammarBackend` ``fill_rows_per_thread``). H200 host, 8 fill
+#: threads at most, against always 8: in-process Step p50 16 rows 1.13 -> 0.88 ms, 128 rows 3.80 -> 3.51 ms (32:
+#: 3.67; bench/results/step_fill_rows_per_thread_h200host_*.json); engine json_schema ITL p50 B=16 1.78 -> 1.55
+#: ms, B=32 2.46 -> 2.15 ms, B=64/128 unchanged (engine_bench_h200_rows_per_thread*_b*.json).
+FILL_ROWS_PER_THREAD = 16
+
 
 class XGrammarBackend:
     """xgrammar behind a narrow interface, bound to one vocabulary.
@@ -177,10 +183,16 @@ class XGrammarBackend:
 
     Args:
         vocab: the model vocabulary.
-        fill_threads: threads for :meth:`batch_fill` (xgrammar ``BatchGrammarMatcher``).
+        fill_threads: the most threads :meth:`batch_fill` uses (xgrammar ``BatchGrammarMatcher``).
+        fill_rows_per_thread: rows each fill thread must have: a fill of ``n`` rows uses
+            :meth:`fill_threads_for` ``(n)`` threads (1 below ``2 * fill_rows_per_thread`` rows); 0 = always
+            ``fill_threads``. xgrammar's batch fill pays a fixed cost per call for its threads (H200 host,
+            8 threads: 0.76 ms for 64 rows, 0.89 ms for 128; this 2-CPU box: 16 rows in 89 us on 1 thread,
+            ~225 us on 2-8), so a small batch fills faster on one thread.
     """
 
-    def __init__(self, vocab: Vocabulary, *, fill_threads: int = 2) -> None:
+    def __init__(self, vocab: Vocabulary, *, fill_threads: int = 2,
+                 fill_rows_per_thread: int = FILL_ROWS_PER_THREAD) -> None:
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.num_words = bitmask_words(vocab.vocab_size)
@@ -205,7 +217,9 @@ class XGrammarBackend:
             stop_token_ids=list(vocab.eos_ids),
         )
         self.eos_ids = frozenset(vocab.eos_ids)
-        self._batch = xgr.BatchGrammarMatcher(max(1, int(fill_threads)))
+        self.fill_threads = max(1, int(fill_threads))
+        self.fill_rows_per_thread = max(0, int(fill_rows_per_thread))
+        self._batches: dict[int, "xgr.BatchGrammarMatcher"] = {}  # one per thread count in use
 
     # -- grammar construction -------------------------------------------------
     @staticmethod
@@ -287,11 +301,25 @@ class XGrammarBackend:
         < V) fills a scratch and copies it in (:meth:`narrow_fill`).
         """
         ms = [m._m for m in matchers]
+        batch = self._batch_matcher(self.fill_threads_for(len(ms)))
         if self.fill_words == self.num_words:
-            self._batch.batch_fill_next_token_bitmask(ms, bitmask, indices)
+            batch.batch_fill_next_token_bitmask(ms, bitmask, indices)
         else:
-            self.narrow_fill(lambda scratch, rows: self._batch.batch_fill_next_token_bitmask(ms, scratch, rows),
+            self.narrow_fill(lambda scratch, rows: batch.batch_fill_next_token_bitmask(ms, scratch, rows),
                              bitmask, indices)
+
+    def fill_threads_for(self, rows: int) -> int:
+        """Threads :meth:`batch_fill` uses for ``rows`` rows: ``rows // fill_rows_per_thread``, 1 to
+        :attr:`fill_threads` (always :attr:`fill_threads` when ``fill_rows_per_thread`` is 0)."""
+        if self.fill_rows_per_thread == 0:
+            return self.fill_threads
+        return max(1, min(self.fill_threads, int(rows) // self.fill_rows_per_thread))
+
+    def _batch_matcher(self, threads: int) -> "xgr.BatchGrammarMatcher":
+        b = self._batches.get(threads)
+        if b is None:
+            b = self._batches.setdefault(threads, xgr.BatchGrammarMatcher(threads))
+        return b
 
     def narrow_fill(self, fill, bitmask: torch.Tensor, indices: Sequence[int]) -> None:
         """Rows ``indices`` of the ``[rows, W]`` int32 ``bitmask`` from ``fill(scratch, rows)``, which writes
