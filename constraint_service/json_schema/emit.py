@@ -41,6 +41,13 @@ JSON_PLAIN_CLASS = r'[^\u0000-\u001f"\\\ud800-\udfff]'
 # Measured on Snowplow sp_1 (maxLength 2000-8192, a 130-character user agent), 2-core dev box: 73 ms per
 # mask (mean) with the counted repetition, 35 us with the blocks.
 CHAIN_LIMIT = 64
+# A bound up to FULL_CHAIN_LIMIT characters is the shared chain j_sb<r> alone, without blocks: a block ends
+# in the middle of a string, where xgrammar cannot see what follows while it precompiles masks, so every token
+# longer than the characters left in a block is checked at match time (2-core dev box, maxLength 200-1000,
+# one token per ~3 characters: 0.3-26 ms per mask over the last ~14 characters of each block, against ~5 us in
+# the chain). The chain costs one rule per character (compile, maxLength 256: ~2.0 s with blocks, ~2.5 s as
+# one chain; several bounds share it, where each bound over CHAIN_LIMIT had its own first CHAIN_LIMIT rules).
+FULL_CHAIN_LIMIT = 256
 # a single pattern is emitted as its DFA when that has at most this many states (each state is a rule:
 # about 5-30 ms of compile); with a counted repetition, whose EBNF form is far slower per mask, up to
 # DFA_FAST_STATES (512 covers format hostname, 490 states: masks 18 us median / 26 ms max -> 1.7 us / 51 us,
@@ -295,11 +302,11 @@ class Emitter:
     def bounded_tail(self, r: int) -> str:
         """Rule: at most r string characters, then the closing quote.
 
-        r <= CHAIN_LIMIT: a chain of r + 1 rules with precompiled masks ``j_sb<k>`` (shared by every bound).
+        r <= FULL_CHAIN_LIMIT: a chain of r + 1 rules with precompiled masks ``j_sb<k>`` (shared by every bound).
         Larger r: a chain ``j_sf<r>_<i>`` over the first CHAIN_LIMIT characters (the closing quote allowed
         at each), then ``blocks_tail(r - CHAIN_LIMIT)``.  Strings of fewer than 2 * CHAIN_LIMIT characters
         never run past the end of a rule whose continuation xgrammar cannot see while it precompiles masks."""
-        if r <= CHAIN_LIMIT:
+        if r <= FULL_CHAIN_LIMIT:
             return self.sb_chain(r)
         key = ("sf", r)
         if key not in self.str_memo:
@@ -331,7 +338,7 @@ class Emitter:
         return f"j_sbt{q}_{s}"
 
     def sb_chain(self, r: int) -> str:
-        """Rule ``j_sb<r>`` (r <= CHAIN_LIMIT): at most r string characters, then the closing quote."""
+        """Rule ``j_sb<r>`` (r <= FULL_CHAIN_LIMIT): at most r string characters, then the closing quote."""
         for k in range(r + 1):
             if ("chain", k) not in self.str_memo:
                 self.str_memo[("chain", k)] = f"j_sb{k}"

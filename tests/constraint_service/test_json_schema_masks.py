@@ -14,7 +14,7 @@ import torch
 import xgrammar as xgr
 
 from constraint_service.json_schema import json_schema_to_ebnf
-from constraint_service.json_schema.emit import CHAIN_LIMIT
+from constraint_service.json_schema.emit import CHAIN_LIMIT, FULL_CHAIN_LIMIT
 
 VOCAB = ['"', '",', '"}', '"]', '":', '".', '" ', '"a', 'a"', 'a",', 'a"}', 'ab', 'b', 'a', 'c', 'x', 'é', '"é',
          '\\', '\\n', '\\"', '\\u00', '\\u001', '1f', '0', '1', '5', '9', '{', '}', '[', ']', ',', ':', '{"',
@@ -61,10 +61,14 @@ CASES = [
       "additionalProperties": False}, [{"a": "a"}, {"a": "ab\n"}, {"a": "é"}]),
     ({"type": "array", "items": {"type": "string", "maxLength": CHAIN_LIMIT + 3}},
      [["x" * (CHAIN_LIMIT + 3), "a"], ["\"" * 3], []]),
-    # longer bounds count blocks of CHAIN_LIMIT characters (exact-count chains): values that end on,
-    # just before and just after a block boundary, an escape straddling one
+    # bounds up to FULL_CHAIN_LIMIT are one chain; longer ones count blocks of CHAIN_LIMIT characters
+    # (exact-count chains): values that end on, just before and just after a block boundary, an escape
+    # straddling one
     ({"type": "array", "items": {"type": "string", "maxLength": 2 * CHAIN_LIMIT + 1}},
      [["x" * (2 * CHAIN_LIMIT + 1), "x" * CHAIN_LIMIT], ["a" * (CHAIN_LIMIT - 1) + "\n" + "é" * CHAIN_LIMIT]]),
+    ({"type": "array", "items": {"type": "string", "maxLength": FULL_CHAIN_LIMIT + CHAIN_LIMIT + 1}},
+     [["x" * (FULL_CHAIN_LIMIT + CHAIN_LIMIT + 1), "x" * (2 * CHAIN_LIMIT)],
+      ["a" * (2 * CHAIN_LIMIT - 1) + "\n" + "é" * CHAIN_LIMIT]]),
     ({"type": "string", "minLength": CHAIN_LIMIT + 2, "maxLength": 2 * CHAIN_LIMIT + 3},
      ["x" * (CHAIN_LIMIT + 2), "xx\"" * (CHAIN_LIMIT // 2) + "abc"]),
     ({"type": "string", "pattern": "^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)$"},
@@ -95,7 +99,9 @@ def test_bounded_string_counts_escapes_as_one_character():
 
 
 @pytest.mark.parametrize("lo,hi", [(0, CHAIN_LIMIT + 1), (0, 2 * CHAIN_LIMIT), (0, 2 * CHAIN_LIMIT + 1),
-                                   (0, 5 * CHAIN_LIMIT + 17), (CHAIN_LIMIT + 1, 3 * CHAIN_LIMIT), (2 * CHAIN_LIMIT, None)])
+                                   (0, FULL_CHAIN_LIMIT), (0, FULL_CHAIN_LIMIT + 1), (0, 5 * CHAIN_LIMIT + 17),
+                                   (CHAIN_LIMIT + 1, 3 * CHAIN_LIMIT), (CHAIN_LIMIT + 1, FULL_CHAIN_LIMIT + CHAIN_LIMIT + 2),
+                                   (2 * CHAIN_LIMIT, None)])
 def test_long_bounds_accept_exactly_the_lengths_in_range(lo, hi):
     """Random values (escapes, quotes, control characters, non-ASCII) of every length near each block
     boundary and near the bounds: accepted iff minLength <= length <= maxLength, in decoded characters."""
