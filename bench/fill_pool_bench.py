@@ -13,8 +13,8 @@ seed, EOS excluded) so the rows sit at different grammar states. Per (rows, thre
 ``0..rows-1`` of one ``[rows, W]`` int32 tensor, each called 30 times to warm up and then ``--reps`` times:
 
 * ``batch``: ``BatchGrammarMatcher(threads).batch_fill_next_token_bitmask``;
-* ``pool``: a ``ThreadPoolExecutor(threads)`` made once; the calling thread fills every ``threads``-th row
-  itself and waits for the pool's ``threads - 1`` shares;
+* ``pool``: a ``ThreadPoolExecutor(threads - 1)`` (at least 1) made once per (rows, threads); the calling thread
+  fills every ``threads``-th row itself and waits for the pool's ``threads - 1`` shares;
 * ``serial``: one ``fill_next_token_bitmask`` per row on the calling thread (independent of ``threads``).
 
 Every way's bitmask must equal the serial one. Reported: p50 and p90 microseconds per call; JSON with the

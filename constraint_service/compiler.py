@@ -161,7 +161,7 @@ class ConstraintCompiler(BuildRunner):
             than :data:`SMALL_SOURCE_BYTES` wait for them (default: ``max_cold_compiles``;
             small sources are admitted up to four times as many).
         fill_threads: the most threads of the backend's batch mask fill.
-        fill_rows_per_thread: rows per batch-fill thread (``XGrammarBackend``'s); None = the backend's default
+        fill_rows_per_thread: rows per batch-fill thread (``XGrammarBackend``'s); None or negative = the backend's default
             (not passed to ``backend_factory``).
         max_failures_remembered: size of the per-key failure memory.
         backend_factory: builds the :class:`~constraint_service.backend.base.Backend`
@@ -192,7 +192,7 @@ class ConstraintCompiler(BuildRunner):
         self.compile_timeout_s = float(compile_timeout_s)
         self.stats = CompileStats()
         self._fill_kw: dict = {"fill_threads": fill_threads}
-        if fill_rows_per_thread is not None:
+        if fill_rows_per_thread is not None and fill_rows_per_thread >= 0:  # negative: the backend's default
             self._fill_kw["fill_rows_per_thread"] = int(fill_rows_per_thread)
         self._backend_factory = backend_factory
         self._max_failures = max_failures_remembered

@@ -74,7 +74,7 @@ class SidecarOptions:
             CPUs, else a quarter of the CPUs, at most 4.
         fill_rows_per_thread: rows each batch-fill thread must have (``XGrammarBackend`` ``fill_rows_per_thread``:
             a Step filling ``n`` rows uses ``n // fill_rows_per_thread`` threads, 1 to ``fill_threads``); 0 =
-            always ``fill_threads``; None = the backend's default (16).
+            always ``fill_threads``; None or negative = the backend's default (16).
         step_timeout_s: the longest wait for a shard worker's Step answer (it is then broken: the
             sidecar reports ``NOT_SERVING`` and its engine restarts it).
     """
@@ -211,7 +211,8 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
         )
         worker_opts = dict(cache_bytes=self.options.cache_bytes, max_cold_compiles=self.options.max_cold_compiles,
                            compile_timeout_s=3 * self.options.compile_timeout_s, fill_threads=fill_threads,
-                           fill_rows_per_thread=self.options.fill_rows_per_thread, compile_threads=compile_threads, fill_chunk_rows=self.options.fill_chunk_rows,
+                           fill_rows_per_thread=self.options.fill_rows_per_thread,
+                           compile_threads=compile_threads, fill_chunk_rows=self.options.fill_chunk_rows,
                            log_level=logging.getLevelName(log.getEffectiveLevel()))
         remote = [RemoteShard(k, vocab, worker_opts, on_broken=self._break) for k in range(1, shards)]
         with self._lock:

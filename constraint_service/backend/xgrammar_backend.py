@@ -169,9 +169,10 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
 NARROW_FILL_MIN_PADDING = 1024
 
 #: default rows per batch-fill thread (:class:`XGrammarBackend` ``fill_rows_per_thread``). H200 host, 8 fill
-#: threads at most, against always 8: in-process Step p50 16 rows 1.13 -> 0.88 ms, 128 rows 3.80 -> 3.51 ms (32:
-#: 3.67; bench/results/step_fill_rows_per_thread_h200host_*.json); engine json_schema ITL p50 B=16 1.78 -> 1.55
-#: ms, B=32 2.46 -> 2.15 ms, B=64/128 unchanged (engine_bench_h200_rows_per_thread*_b*.json).
+#: threads at most, against always 8: in-process Step p50 16 rows 1.13 -> 0.88 ms (bench/results/
+#: step_fill_rows_per_thread_h200host_*.json; at 128 rows both use 8 threads); engine json_schema ITL p50 B=16
+#: 1.78 -> 1.55 ms, B=32 2.46 -> 2.15 ms (3 x 300 steps); B=64 (4 threads vs 8) was slower in its one run
+#: (sidecar work 2.05 -> 2.20 ms; engine_bench_h200_rows_per_thread*_b*.json): not resolved.
 FILL_ROWS_PER_THREAD = 16
 
 
@@ -186,9 +187,10 @@ class XGrammarBackend:
         fill_threads: the most threads :meth:`batch_fill` uses (xgrammar ``BatchGrammarMatcher``).
         fill_rows_per_thread: rows each fill thread must have: a fill of ``n`` rows uses
             :meth:`fill_threads_for` ``(n)`` threads (1 below ``2 * fill_rows_per_thread`` rows); 0 = always
-            ``fill_threads``. xgrammar's batch fill pays a fixed cost per call for its threads (H200 host,
-            8 threads: 0.76 ms for 64 rows, 0.89 ms for 128; this 2-CPU box: 16 rows in 89 us on 1 thread,
-            ~225 us on 2-8), so a small batch fills faster on one thread.
+            ``fill_threads``; negative = the default (:data:`FILL_ROWS_PER_THREAD`). xgrammar's batch fill
+            pays a fixed cost per call for its threads (H200 host, 8 threads: 0.76 ms for 64 rows, 0.89 ms
+            for 128; this 2-CPU box: 16 rows in 89 us on 1 thread, ~225 us on 2-8), so a small batch fills
+            faster on one thread.
     """
 
     def __init__(self, vocab: Vocabulary, *, fill_threads: int = 2,
@@ -218,7 +220,8 @@ class XGrammarBackend:
         )
         self.eos_ids = frozenset(vocab.eos_ids)
         self.fill_threads = max(1, int(fill_threads))
-        self.fill_rows_per_thread = max(0, int(fill_rows_per_thread))
+        rpt = int(fill_rows_per_thread)
+        self.fill_rows_per_thread = FILL_ROWS_PER_THREAD if rpt < 0 else rpt  # negative: the default, as on the CLI
         self._batches: dict[int, "xgr.BatchGrammarMatcher"] = {}  # one per thread count in use
 
     # -- grammar construction -------------------------------------------------

@@ -35,9 +35,10 @@ JSON_PLAIN_CLASS = r'[^\u0000-\u001f"\\\ud800-\udfff]'
 # Bounded strings (maxLength) are a chain of rules "at most r more characters, then the closing quote";
 # xgrammar evaluates `X{m,n}` of a multi-character X (a string character: plain or escape) at match time,
 # 1 ms to 1 s per mask (growing with the count read so far), while each chain rule has precompiled masks
-# (about 5-30 ms of compile per rule on the SmolLM2 vocabulary).  Up to CHAIN_LIMIT characters are counted
-# by the chain.  A longer bound continues after the first CHAIN_LIMIT characters with blocks of CHAIN_LIMIT
-# characters in rules shared by every bound (Emitter.bounded_tail / blocks_tail); the language stays exact.
+# (about 5-30 ms of compile per rule on the SmolLM2 vocabulary).  Up to FULL_CHAIN_LIMIT characters are
+# counted by the chain.  A longer bound continues after the first CHAIN_LIMIT characters with blocks of
+# CHAIN_LIMIT characters in rules shared by every bound (Emitter.bounded_tail / blocks_tail); the language
+# stays exact.
 # Measured on Snowplow sp_1 (maxLength 2000-8192, a 130-character user agent), 2-core dev box: 73 ms per
 # mask (mean) with the counted repetition, 35 us with the blocks.
 CHAIN_LIMIT = 64
@@ -45,8 +46,9 @@ CHAIN_LIMIT = 64
 # in the middle of a string, where xgrammar cannot see what follows while it precompiles masks, so every token
 # longer than the characters left in a block is checked at match time (2-core dev box, maxLength 200-1000,
 # one token per ~3 characters: 0.3-26 ms per mask over the last ~14 characters of each block, against ~5 us in
-# the chain). The chain costs one rule per character (compile, maxLength 256: ~2.0 s with blocks, ~2.5 s as
-# one chain; several bounds share it, where each bound over CHAIN_LIMIT had its own first CHAIN_LIMIT rules).
+# the chain). The chain costs one rule per character (compile, maxLength 256: 2.42 s with blocks, 2.78 s as
+# one chain, within this box's run-to-run noise of ~20%; bench/results/string_bounds_bench_*_cpu.json; several
+# bounds share it, where each bound over CHAIN_LIMIT had its own first CHAIN_LIMIT rules).
 FULL_CHAIN_LIMIT = 256
 # a single pattern is emitted as its DFA when that has at most this many states (each state is a rule:
 # about 5-30 ms of compile); with a counted repetition, whose EBNF form is far slower per mask, up to

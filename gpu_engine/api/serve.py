@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="grammar compile deadline, seconds")
     ap.add_argument("--mask-fill-threads", type=int, default=0,
                     help="sidecar threads for the batched mask fill (0 = auto: min(8, CPUs); 1 on 2 CPUs)")
+    ap.add_argument("--mask-fill-rows-per-thread", type=int, default=-1,
+                    help="rows each sidecar mask-fill thread must have: a step filling fewer rows uses fewer "
+                         "threads, 1 below twice this (-1 = the sidecar's default, 16; 0 = always --mask-fill-threads)")
     ap.add_argument("--compile-threads", type=int, default=0,
                     help="sidecar threads per cold grammar compile (0 = auto: a quarter of the CPUs, 1 to 8)")
     ap.add_argument("--step-shards", type=int, default=1,
@@ -176,7 +179,8 @@ def build_stack(args: argparse.Namespace):
                       extra_args=[
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads),
-        "--compile-threads", str(args.compile_threads), "--step-shards", str(args.step_shards)])
+        "--compile-threads", str(args.compile_threads), "--step-shards", str(args.step_shards),
+        "--fill-rows-per-thread", str(args.mask_fill_rows_per_thread)])
     SidecarSupervisor(sidecar, args.sidecar_deadline, max_restarts=args.sidecar_max_restarts)  # started by the engine
     from gpu_engine.executor import make_program
 

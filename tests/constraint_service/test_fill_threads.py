@@ -30,8 +30,10 @@ def test_threads_for_a_call_follow_the_row_count(cap, per, rows, want):
 def test_defaults_and_bad_values_are_clamped():
     b = XGrammarBackend(VOCAB)
     assert b.fill_rows_per_thread == FILL_ROWS_PER_THREAD > 0
-    b = XGrammarBackend(VOCAB, fill_threads=0, fill_rows_per_thread=-3)
-    assert (b.fill_threads, b.fill_rows_per_thread) == (1, 0) and b.fill_threads_for(100) == 1
+    b = XGrammarBackend(VOCAB, fill_threads=0, fill_rows_per_thread=-3)  # negative: the default, as on the CLI
+    assert (b.fill_threads, b.fill_rows_per_thread) == (1, FILL_ROWS_PER_THREAD) and b.fill_threads_for(100) == 1
+    b = XGrammarBackend(VOCAB, fill_threads=8, fill_rows_per_thread=-1)
+    assert b.fill_threads_for(2 * FILL_ROWS_PER_THREAD - 1) == 1 and b.fill_threads_for(2 * FILL_ROWS_PER_THREAD) == 2
 
 
 def test_masks_do_not_depend_on_the_thread_count_of_a_call():
@@ -81,4 +83,31 @@ def test_the_compiler_passes_rows_per_thread_only_when_given():
     assert ConstraintCompiler(VOCAB, fill_threads=3, backend_factory=factory).backend.fill_threads == 3
     c = ConstraintCompiler(VOCAB, fill_threads=3, fill_rows_per_thread=0, backend_factory=factory)
     assert c.backend.fill_threads_for(1) == 3
-    assert got == [{"fill_threads": 3}, {"fill_threads": 3, "fill_rows_per_thread": 0}]
+    ConstraintCompiler(VOCAB, fill_threads=3, fill_rows_per_thread=-1, backend_factory=factory).backend  # noqa: B018
+    assert got == [{"fill_threads": 3}, {"fill_threads": 3, "fill_rows_per_thread": 0}, {"fill_threads": 3}]
+
+
+def test_the_sidecar_cli_and_serve_pass_the_setting_on(monkeypatch):
+    """``python -m constraint_service --fill-rows-per-thread`` reaches SidecarOptions (-1 = None: the default), and
+    ``ninfer serve --mask-fill-rows-per-thread`` reaches the sidecar's command line."""
+    import constraint_service.__main__ as cli
+    from gpu_engine.api.serve import build_parser
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_servicer(options, on_health=None):
+        seen.append(options.fill_rows_per_thread)
+        raise Stop
+
+    monkeypatch.setattr(cli, "ConstraintServicer", fake_servicer)
+    monkeypatch.setattr(cli, "setup_tracing", lambda *a, **k: None)
+    for argv, want in ((["--fill-rows-per-thread", "8"], 8), (["--fill-rows-per-thread", "0"], 0), ([], None),
+                       (["--fill-rows-per-thread", "-1"], None)):
+        with pytest.raises(Stop):
+            cli.main(argv)
+        assert seen[-1] == want, argv
+    assert build_parser().parse_args([]).mask_fill_rows_per_thread == -1
+    assert build_parser().parse_args(["--mask-fill-rows-per-thread", "4"]).mask_fill_rows_per_thread == 4

@@ -61,9 +61,9 @@ CASES = [
       "additionalProperties": False}, [{"a": "a"}, {"a": "ab\n"}, {"a": "é"}]),
     ({"type": "array", "items": {"type": "string", "maxLength": CHAIN_LIMIT + 3}},
      [["x" * (CHAIN_LIMIT + 3), "a"], ["\"" * 3], []]),
-    # bounds up to FULL_CHAIN_LIMIT are one chain; longer ones count blocks of CHAIN_LIMIT characters
-    # (exact-count chains): values that end on, just before and just after a block boundary, an escape
-    # straddling one
+    # bounds up to FULL_CHAIN_LIMIT are one chain (the first case: values at and near 2 * CHAIN_LIMIT);
+    # longer ones count blocks of CHAIN_LIMIT characters (exact-count chains; the second case): values that
+    # end on, just before and just after a block boundary, an escape straddling one
     ({"type": "array", "items": {"type": "string", "maxLength": 2 * CHAIN_LIMIT + 1}},
      [["x" * (2 * CHAIN_LIMIT + 1), "x" * CHAIN_LIMIT], ["a" * (CHAIN_LIMIT - 1) + "\n" + "é" * CHAIN_LIMIT]]),
     ({"type": "array", "items": {"type": "string", "maxLength": FULL_CHAIN_LIMIT + CHAIN_LIMIT + 1}},
@@ -96,6 +96,18 @@ def test_bounded_string_counts_escapes_as_one_character():
                      ('"\\u001Fa"', False), ('"\\/"', False), ('"a\\n\\n"', False)):
         m = xgr.GrammarMatcher(g, terminate_without_stop_token=True)
         assert (m.accept_string(text.encode()) and m.is_completed()) is ok, text
+
+
+@pytest.mark.parametrize("lo,hi,blocks", [(0, FULL_CHAIN_LIMIT, False), (CHAIN_LIMIT + 1, CHAIN_LIMIT + 1 + FULL_CHAIN_LIMIT, False),
+                                          (0, FULL_CHAIN_LIMIT + 1, True), (10, FULL_CHAIN_LIMIT + 11, True)])
+def test_bounds_up_to_the_full_chain_limit_have_no_blocks(lo, hi, blocks):
+    """maxLength - minLength <= FULL_CHAIN_LIMIT: the quote-terminated chain alone, no block rules (whose ends
+    xgrammar checks token by token at match time); one more character: the blocks."""
+    ebnf = json_schema_to_ebnf(json.dumps({"type": "string", "minLength": lo, "maxLength": hi}))
+    names = {line.split(" ::= ")[0] for line in ebnf.splitlines()}
+    has_blocks = any(n.startswith(("j_sbt", "j_sf")) for n in names)
+    assert has_blocks is blocks, sorted(names)
+    assert f"j_sb{min(hi - lo, FULL_CHAIN_LIMIT) if not blocks else CHAIN_LIMIT - 1}" in names
 
 
 @pytest.mark.parametrize("lo,hi", [(0, CHAIN_LIMIT + 1), (0, 2 * CHAIN_LIMIT), (0, 2 * CHAIN_LIMIT + 1),
