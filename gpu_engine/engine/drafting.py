@@ -24,7 +24,7 @@ class Drafting:
             return 0
         budget = r.max_tokens - len(r.output_ids) - 1
         room = self.program.max_seq_len - r.num_cached - 2
-        if r.output is not None:  # a reasoning budget: the forced close lands exactly at it
+        if r.output is not None:  # a reasoning budget: the forced close lands at it (or at the next character boundary)
             left = r.output.reasoning_budget_left()
             if left is not None:
                 budget = min(budget, left - 1)

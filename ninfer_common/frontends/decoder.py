@@ -119,6 +119,11 @@ class OutputDecoder:
 
     # ---- public ------------------------------------------------------------------------------
     @property
+    def mid_character(self) -> bool:
+        """True while the committed bytes end inside a UTF-8 character (a byte-level token split it)."""
+        return bool(self._utf8.getstate()[0])
+
+    @property
     def stage(self) -> str:
         """``reasoning``, ``body`` (before/inside content) or ``calls``."""
         return self._stage

@@ -76,8 +76,16 @@ class OutputStream:
 
     def forced_close(self) -> list[int] | None:
         """The close's token ids when the reasoning budget is spent and the reasoning is still open, else
-        None. The ids spell the canonical close exactly; the budget is then done."""
+        None. The ids spell the canonical close exactly; the budget is then done.
+
+        While the reasoning's bytes end inside a UTF-8 character (a byte-level token split a multi-byte
+        character at the budget) the close waits: its first byte cannot continue the character, so the
+        grammar would reject it (an integrity error that failed the request). The next sampled tokens
+        finish the character (a constrained reasoning allows nothing else), and the close lands at the
+        first character boundary after the budget."""
         if self.budget is None or not self.in_reasoning or not self.budget.must_close():
+            return None
+        if self.decoder.mid_character:
             return None
         self.budget.closed()
         assert self.plan.rules.thinking is not None

@@ -67,3 +67,22 @@ def test_stop_after_calls_is_tool_calls_and_length_keeps_calls():
         assert res.finish_reason == expect and [c.name for c in res.tool_calls] == ["search"]
         assert json.loads(res.tool_calls[0].arguments_json) == {"q": "x"}
         assert {d.channel for d in deltas + out} == {"reasoning", "tool_call"}
+
+
+def test_forced_close_waits_for_a_split_character():
+    """A budget that ends inside a UTF-8 character (a byte-level token split it): the close's first byte
+    cannot continue the character (the grammar rejects it: an integrity error that failed the request, seen
+    in CI with random weights), so the close waits until a later token finishes the character."""
+    byte_ids = {b: i for i, b in enumerate(T.token_bytes) if len(b) == 1}
+    lead, cont = (bytes([b]) for b in "é".encode())  # two bytes, each a byte-level token of its own
+    assert lead in byte_ids and cont in byte_ids
+    s = stream(budget=2)
+    s.commit(T.encode("a")[:1])
+    s.commit([byte_ids[lead]])  # the budget is spent inside "é"
+    assert s.budget.must_close() and s.decoder.mid_character and s.forced_close() is None
+    s.commit([byte_ids[cont]])
+    close = s.forced_close()
+    assert not s.decoder.mid_character and close is not None
+    s.commit(close, forced=True)
+    _, res = s.finish("stop")
+    assert res.reasoning == "aé"
