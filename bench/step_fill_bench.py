@@ -101,7 +101,7 @@ def _servicer(vocab, rows: int, chunk: int, fill_threads: int = 0, shards: int =
     # the default 256 MiB (every --prepare-load call would otherwise compile again)
     sv = ConstraintServicer(SidecarOptions(fill_chunk_rows=chunk, compile_timeout_s=120.0, fill_threads=fill_threads,
                                            step_shards=shards, cache_bytes=8 << 30,
-                                           fill_rows_per_thread=None if rows_per_thread < 0 else rows_per_thread))
+                                           fill_rows_per_thread=rows_per_thread))
     sv.RegisterVocabulary(pb.RegisterVocabularyRequest(
         vocab_size=vocab.vocab_size, token_bytes=list(vocab.token_bytes), special_ids=list(vocab.special_ids),
         eos_ids=list(vocab.eos_ids)), Ctx())

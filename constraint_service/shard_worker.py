@@ -149,9 +149,8 @@ def main(step_fd: int, control_fd: int) -> int:
     from .backend import XGrammarBackend
     from .shard import StepShard
 
-    fill_kw = ({} if opts.get("fill_rows_per_thread") is None
-               else {"fill_rows_per_thread": opts["fill_rows_per_thread"]})
-    backend = XGrammarBackend(vocab, fill_threads=opts["fill_threads"], **fill_kw)  # the vocabulary index, before "ready"
+    backend = XGrammarBackend(vocab, fill_threads=opts["fill_threads"],  # the vocabulary index, before "ready"
+                              fill_rows_per_thread=opts.get("fill_rows_per_thread"))
     grammars = _GrammarCache(backend, opts["cache_bytes"], opts["compile_threads"])
     shard = StepShard(opts.get("fill_chunk_rows", 0))
     state: dict = {}

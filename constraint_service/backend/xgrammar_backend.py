@@ -187,14 +187,14 @@ class XGrammarBackend:
         fill_threads: the most threads :meth:`batch_fill` uses (xgrammar ``BatchGrammarMatcher``).
         fill_rows_per_thread: rows each fill thread must have: a fill of ``n`` rows uses
             :meth:`fill_threads_for` ``(n)`` threads (1 below ``2 * fill_rows_per_thread`` rows); 0 = always
-            ``fill_threads``; negative = the default (:data:`FILL_ROWS_PER_THREAD`). xgrammar's batch fill
+            ``fill_threads``; None or negative = the default (:data:`FILL_ROWS_PER_THREAD`). xgrammar's batch fill
             pays a fixed cost per call for its threads (H200 host, 8 threads: 0.76 ms for 64 rows, 0.89 ms
             for 128; this 2-CPU box: 16 rows in 89 us on 1 thread, ~225 us on 2-8), so a small batch fills
             faster on one thread.
     """
 
     def __init__(self, vocab: Vocabulary, *, fill_threads: int = 2,
-                 fill_rows_per_thread: int = FILL_ROWS_PER_THREAD) -> None:
+                 fill_rows_per_thread: Optional[int] = FILL_ROWS_PER_THREAD) -> None:
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.num_words = bitmask_words(vocab.vocab_size)
@@ -220,8 +220,9 @@ class XGrammarBackend:
         )
         self.eos_ids = frozenset(vocab.eos_ids)
         self.fill_threads = max(1, int(fill_threads))
-        rpt = int(fill_rows_per_thread)
-        self.fill_rows_per_thread = FILL_ROWS_PER_THREAD if rpt < 0 else rpt  # negative: the default, as on the CLI
+        # None or negative: the default (as SidecarOptions and the CLI say)
+        rpt = -1 if fill_rows_per_thread is None else int(fill_rows_per_thread)
+        self.fill_rows_per_thread = FILL_ROWS_PER_THREAD if rpt < 0 else rpt
         self._batches: dict[int, "xgr.BatchGrammarMatcher"] = {}  # one per thread count in use
 
     # -- grammar construction -------------------------------------------------

@@ -32,6 +32,7 @@ def test_defaults_and_bad_values_are_clamped():
     assert b.fill_rows_per_thread == FILL_ROWS_PER_THREAD > 0
     b = XGrammarBackend(VOCAB, fill_threads=0, fill_rows_per_thread=-3)  # negative: the default, as on the CLI
     assert (b.fill_threads, b.fill_rows_per_thread) == (1, FILL_ROWS_PER_THREAD) and b.fill_threads_for(100) == 1
+    assert XGrammarBackend(VOCAB, fill_rows_per_thread=None).fill_rows_per_thread == FILL_ROWS_PER_THREAD  # shard workers
     b = XGrammarBackend(VOCAB, fill_threads=8, fill_rows_per_thread=-1)
     assert b.fill_threads_for(2 * FILL_ROWS_PER_THREAD - 1) == 1 and b.fill_threads_for(2 * FILL_ROWS_PER_THREAD) == 2
 
