@@ -61,6 +61,7 @@ class _Phases:
         import constraint_service.shard as shard
         from constraint_service.backend.xgrammar_backend import XGrammarBackend
         from constraint_service.server import ConstraintServicer
+        from constraint_service.session import OutputSession
         from constraint_service.shard_pool import RemoteShard
 
         self.current = 0
@@ -69,6 +70,7 @@ class _Phases:
         for owner, name, label in ((ConstraintServicer, "_step", "step"), (shard.StepShard, "step", "local_shard"),
                                    (shard, "fill_rows", "local_fill_rows"),
                                    (XGrammarBackend, "batch_fill", "local_batch_fill"),
+                                   (OutputSession, "advance", "local_advance"),
                                    (RemoteShard, "send_step", "remote_send"), (RemoteShard, "recv_step", "remote_wait")):
             setattr(owner, name, self._wrap(getattr(owner, name), label))
 

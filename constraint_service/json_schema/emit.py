@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from ..errors import ConstraintError
-from ..regex.ebnf import JSON_PLAIN, _cp, class_text, json_literal, repeat
+from ..regex.ebnf import JSON_PLAIN, _cp, class_text, dfa_rule_bodies, json_literal, repeat
 from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
                      parse_regex, product_dfa, search_ast)
 from .ir import (ANY, NEVER, is_empty, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
@@ -274,11 +274,8 @@ class Emitter:
         """A whole canonical string (quotes included) whose content is accepted by dfa: one rule per state,
         the closing quote inside the accepting states' rules so that the string's lookahead applies."""
         prefix = self.fresh("s") + "_"
-        for st, tr in enumerate(dfa.trans):
-            alts = ['"\\""'] if st in dfa.accept else []
-            for ranges, t in tr:
-                alts.extend(f"{e} {prefix}{t}" for e in _string_chars(ranges))
-            self.add(f"{prefix}{st}", (" | ".join(alts) or "[]") + (f" {STRING_LOOKAHEAD}" if alts else ""))
+        for name, body in dfa_rule_bodies(dfa, lambda st: f"{prefix}{st}", _string_chars, '"\\""', STRING_LOOKAHEAD):
+            self.add(name, body)
         return f'"\\"" {prefix}0'
 
     def min_chain(self, lo: int, tail: str) -> str:

@@ -317,3 +317,53 @@ def prune(dfa: DFA) -> DFA:
 
 def dfa_is_empty(dfa: DFA) -> bool:
     return not dfa.accept
+
+
+def minimize(dfa: DFA) -> DFA:
+    """The minimal DFA of ``dfa``'s language (Moore's partition refinement), states numbered breadth-first
+    from the start in transition order, so the result is a function of ``dfa``'s transitions alone.
+
+    Two states are merged when both accept or both reject and every code point leads them to merged
+    states; a state's signature is its accepting bit and, per target block, the union of the ranges that
+    lead there (the ranges of one state are disjoint, so this is its whole transition function). Each
+    refinement round is O(transitions); at most ``len(dfa.trans)`` rounds.
+    """
+    n = len(dfa.trans)
+    block = [1 if s in dfa.accept else 0 for s in range(n)]
+    count = len(set(block))
+    while True:
+        sigs: dict = {}
+        new = []
+        for s in range(n):
+            by: dict = {}
+            for ranges, t in dfa.trans[s]:
+                by.setdefault(block[t], []).extend(ranges)
+            sig = (block[s], frozenset((b, cs.normalize(r)) for b, r in by.items()))
+            new.append(sigs.setdefault(sig, len(sigs)))
+        block = new
+        if len(sigs) == count:
+            break
+        count = len(sigs)
+    first: dict = {}  # block -> its first state (any member has the same transitions up to blocks)
+    for s in range(n):
+        first.setdefault(block[s], s)
+    number = {block[0]: 0}
+    order = [block[0]]
+    out = DFA()
+    k = 0
+    while k < len(order):
+        s = first[order[k]]
+        by = {}
+        for ranges, t in dfa.trans[s]:
+            by.setdefault(block[t], []).extend(ranges)
+        trans = []
+        for b, r in by.items():
+            if b not in number:
+                number[b] = len(order)
+                order.append(b)
+            trans.append((cs.normalize(r), number[b]))
+        out.trans.append(trans)
+        if s in dfa.accept:
+            out.accept.add(k)
+        k += 1
+    return out

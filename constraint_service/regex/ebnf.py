@@ -55,8 +55,14 @@ def ebnf_string(text: str) -> str:
 
 
 def charset_raw(ranges) -> str:
+    """A character class of exactly ``ranges`` (a normalized charset), negated when that takes fewer
+    ranges: xgrammar 0.2.9 has a fast path for the repetition of a negated class (``[^\\n]{0,300}``: 6 ms per
+    mask, against 180 ms as the positive class of its three ranges; ``bench/regex_bench.py``)."""
     if not ranges:
         return "[]"
+    missing = cs.subtract(cs.ANY, ranges)
+    if missing and len(missing) < len(ranges):
+        return "[^" + "".join(_cp(lo) if lo == hi else _cp(lo) + "-" + _cp(hi) for lo, hi in missing) + "]"
     return class_text(ranges)
 
 
@@ -96,10 +102,36 @@ def charset_json(ranges) -> str:
 # harness compiles with enable_dynamic_compilation); eager compilation of long expansions is costly.
 COPY_LIMIT = 32
 EXPAND_LIMIT = 256  # nested optionals: xgrammar's parser allows ~1,000 nesting levels
+# xgrammar 0.2.9 gets the masks of a counted repetition of a positive class wrong past 128:
+# `[\u0009\u000b-\ud7ff\ue000-\U0010ffff]{0,129}` allows 39 SmolLM2 tokens with a newline (" \n", "\r\n", ...)
+# that its matcher then rejects (`{0,128}`: none), `[ 0-9A-Za-z\u4e00-\u9fff]{0,200}` 1,356 tokens over 18 positions
+# of a walk. A negated class was sound in the same checks (every allowed token of 60 positions: `[^\n]{0,300}`,
+# `[^\n]{0,1000}`). So a raw (regex constraint) repetition of anything but a negated class is written in pieces
+# of at most REPEAT_PIECE: x{0,300} = x{0,128} x{0,128} x{0,44}, the same language (x^i x^j = x^(i+j)); sound,
+# but slow (ambiguous: [^\n]{0,300} split took 245 ms per mask), which only the structural fallback of a regex
+# over REGEX_DFA_STATES pays.
+REPEAT_PIECE = 128
 
 
-def repeat(x: str, lo: int, hi: int | None, expand: bool = False) -> str:
-    """EBNF for x{lo,hi} (hi None = unbounded); x must be an atom (a name or a parenthesised group)."""
+def _pieces(x: str, lo: int, hi: int | None) -> str:
+    """x{lo,hi} as a sequence of counted repetitions none of whose counts is over REPEAT_PIECE (hi None:
+    the last one unbounded)."""
+    out = []
+    while lo > REPEAT_PIECE or (hi is not None and hi > REPEAT_PIECE):
+        n = min(lo, REPEAT_PIECE)
+        h = REPEAT_PIECE if hi is not None or n < lo else n
+        out.append(f"{x}{{{n},{h}}}")
+        lo -= n
+        if hi is not None:
+            hi -= h
+    if hi != 0:
+        out.append(f"{x}{{{lo},{'' if hi is None else hi}}}")
+    return "(" + " ".join(out) + ")"
+
+
+def repeat(x: str, lo: int, hi: int | None, expand: bool = False, split: bool = False) -> str:
+    """EBNF for x{lo,hi} (hi None = unbounded); x must be an atom (a name or a parenthesised group).
+    ``split``: counts over REPEAT_PIECE are written in pieces (:data:`REPEAT_PIECE`)."""
     if hi is not None and hi < lo:
         return "[]"
     if hi == 0:
@@ -112,6 +144,8 @@ def repeat(x: str, lo: int, hi: int | None, expand: bool = False) -> str:
             opt = f"({x} {opt})?" if opt else f"({x})?"
         parts = [x] * lo + ([opt] if opt else [])
         return "(" + " ".join(parts) + ")"
+    if split and (lo > REPEAT_PIECE or (hi is not None and hi > REPEAT_PIECE)):
+        return _pieces(x, lo, hi)
     return f"{x}{{{lo},{'' if hi is None else hi}}}"
 
 
@@ -139,5 +173,33 @@ def ast_to_expr(node, json_mode: bool, expand: bool = False) -> str:
             return '""'
         if (lo, hi) == (1, 1):
             return inner
-        return "(" + repeat("(" + inner + ")", lo, hi, expand) + ")"
+        split = not json_mode and not inner.startswith("[^")
+        return "(" + repeat("(" + inner + ")", lo, hi, expand, split=split) + ")"
     raise ValueError(kind)
+
+
+def dfa_rule_bodies(dfa, state_name, char_alts, accept_alt: str, lookahead: str = "") -> list[tuple[str, str]]:
+    """A DFA as right-linear EBNF rules, one per state: ``[(rule name, body)]`` in state order.
+
+    Args:
+        dfa: an ``automaton.DFA`` (state 0 starts).
+        state_name: state number -> rule name.
+        char_alts: a transition's ranges -> the expressions matching one character of them (each is
+            followed by the target state's rule).
+        accept_alt: the alternative that ends the language at an accepting state (``'""'``, or a closing
+            quote).
+        lookahead: xgrammar's lookahead assertion on every rule that has alternatives (what may follow
+            the language). Every rule ends where the language ends, so this lets xgrammar decide at
+            compile time the tokens that run past the end of a state's rule, which it otherwise checks
+            at match time for every mask.
+
+    A state without alternatives (the empty language) is the empty class ``[]``.
+    """
+    out = []
+    for st, tr in enumerate(dfa.trans):
+        alts = [accept_alt] if st in dfa.accept else []
+        for ranges, t in tr:
+            alts.extend(f"{e} {state_name(t)}" for e in char_alts(ranges))
+        body = " | ".join(alts) or "[]"
+        out.append((state_name(st), body + (f" {lookahead}" if alts and lookahead else "")))
+    return out

@@ -1,0 +1,256 @@
+"""The regex constraint's DFA form (``regex_to_ebnf``): minimal DFAs, the same language and masks as the
+structural form, sound masks where xgrammar's counted repetition is not, and the structural fallback."""
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+import numpy as np
+import pytest
+import xgrammar as xgr
+from hypothesis import given, settings, strategies as st
+
+from conftest import MULTI, allowed_ids
+from constraint_service.compiler import ConstraintCompiler
+from constraint_service.regex import (REGEX_DFA_STATES, ast_to_expr, build_nfa, full_ast, minimize, nfa_matches,
+                                      parse_regex, product_dfa, regex_to_ebnf)
+from constraint_service.regex.automaton import DFA
+from constraint_service.regex.ebnf import REPEAT_PIECE, repeat
+from constraint_service.session import OutputSession
+from constraint_service.types import READY, ConstraintSpec, bitmask_words
+from constraint_service.vocab import Vocabulary
+
+_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
+
+
+def _accepts(ebnf: str):
+    compiled = _COMPILER.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
+
+    def accepts(text: str) -> bool:
+        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return m.accept_string(text.encode("utf-8")) and m.is_completed()
+
+    return accepts
+
+
+def _run(dfa: DFA, text: str, state: int = 0) -> bool:
+    for ch in text:
+        cp = ord(ch)
+        nxt = [t for ranges, t in dfa.trans[state] if any(lo <= cp <= hi for lo, hi in ranges)]
+        assert len(nxt) <= 1, "a DFA state with overlapping transitions"
+        if not nxt:
+            return False
+        state = nxt[0]
+    return state in dfa.accept
+
+
+def _step(dfa: DFA, state: int, ch: str):
+    cp = ord(ch)
+    return next((t for ranges, t in dfa.trans[state] if any(lo <= cp <= hi for lo, hi in ranges)), None)
+
+
+def _distinguishable(dfa: DFA, s: int, t: int) -> bool:
+    """Some word over _ALPHABET leads exactly one of s, t to acceptance (None: the dead state)."""
+    seen = {(s, t)}
+    todo = [(s, t)]
+    while todo:
+        a, b = todo.pop()
+        if (a in dfa.accept) != (b in dfa.accept):
+            return True
+        for ch in _ALPHABET:
+            pair = (None if a is None else _step(dfa, a, ch), None if b is None else _step(dfa, b, ch))
+            if pair not in seen and pair != (None, None):
+                seen.add(pair)
+                todo.append(pair)
+    return False
+
+
+# random regexes over a small alphabet (plus "." and a negated class, so transitions carry wide ranges)
+_ATOMS = st.sampled_from(["a", "b", "c", "[ab]", "[^a]", ".", "(?:ab)", "(?:a|bc)"])
+
+
+def _regex():
+    return st.recursive(
+        _ATOMS,
+        lambda inner: st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
+            st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{0,2}", "{1,3}"])).map(
+                lambda t: f"(?:{t[0]}){t[1]}"),
+        ),
+        max_leaves=6,
+    )
+
+
+_ALPHABET = "abcz\n"  # z: a character only "." and "[^a]" take; "\n": only "[^a]" (not ".")
+
+
+@settings(max_examples=150, deadline=None)
+@given(_regex())
+def test_minimize_keeps_the_language_and_leaves_no_equivalent_states(pattern):
+    nfa = build_nfa(full_ast(parse_regex(pattern)))
+    dfa = product_dfa([nfa], 0, None, 10_000)
+    small = minimize(dfa)
+    assert len(small.trans) <= len(dfa.trans)
+    words = ["".join(w) for n in range(6) for w in itertools.product(_ALPHABET, repeat=n)]
+    for w in words:
+        want = nfa_matches(nfa, w)
+        assert _run(dfa, w) == want and _run(small, w) == want, (pattern, w)
+    # minimal: every two states are told apart by some word (a search over state pairs, independent of the
+    # refinement; _ALPHABET takes every transition class of these regexes, "z" standing for the rest)
+    n = len(small.trans)
+    for s in range(n):
+        for t in range(s + 1, n):
+            assert _distinguishable(small, s, t), (pattern, "states", s, t, "accept the same words")
+    # a pure function of the transitions: minimizing again renumbers nothing
+    again = minimize(small)
+    assert again.trans == small.trans and again.accept == small.accept
+
+
+@settings(max_examples=100, deadline=None)
+@given(_regex())
+def test_dfa_form_accepts_exactly_the_regex_language(pattern):
+    text = regex_to_ebnf(pattern)
+    acc = _accepts(text)
+    py = re.compile(pattern)
+    for n in range(5):
+        for w in itertools.product(_ALPHABET, repeat=n):
+            s = "".join(w)
+            # "." is any character but line terminators in ECMAScript, "\n" the only one in the alphabet
+            assert acc(s) == (py.fullmatch(s) is not None), (pattern, s, text)
+
+
+def test_dfa_form_shape():
+    text = regex_to_ebnf(r"[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\.")
+    rules = dict(line.split(" ::= ", 1) for line in text.strip().split("\n"))
+    assert len(rules) == 5  # the minimal DFA: start, first letter, in a word, after ",", after "."
+    assert all(body.endswith("(= [])") for body in rules.values())  # nothing follows the language
+    assert "{" not in text  # no counted repetition
+    assert regex_to_ebnf("[]").strip() == "root ::= []"  # the empty language: no alternatives
+
+
+def test_past_the_state_limit_the_structural_form_is_kept():
+    # (a|b)*a(a|b){12}: the minimal DFA remembers the last 13 letters, 2**13 states
+    pattern = "(a|b)*a(a|b){12}"
+    text = regex_to_ebnf(pattern)
+    assert "(= [])" not in text and text.startswith("root ::= ")
+    assert text == "root ::= " + ast_to_expr(full_ast(parse_regex(pattern)), json_mode=False) + "\n"
+    acc = _accepts(text)
+    rng = random.Random(0)
+    for _ in range(300):
+        s = "".join(rng.choice("ab") for _ in range(rng.randint(10, 16)))
+        assert acc(s) == (re.fullmatch(pattern, s) is not None), s
+    assert 2 ** 13 > REGEX_DFA_STATES
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 300), (0, 129), (5, 300), (200, 300), (300, 300), (0, 256), (129, None),
+                                   (200, None), (0, 128), (3, 17)])
+def test_split_repetition_counts_the_same_lengths(lo, hi):
+    text = repeat('"a"', lo, hi, split=True)
+    counts = [tuple(int(x) if x else None for x in m.split(",")) for m in re.findall(r"\{([0-9,]*)\}", text)]
+    assert all(c <= REPEAT_PIECE for lo_hi in counts for c in lo_hi if c is not None)
+    assert sum(c[0] for c in counts) == lo
+    acc = _accepts(f"root ::= {text}\n")
+    top = (hi if hi is not None else lo) + 3
+    for n in range(max(0, lo - 3), top + 1):
+        assert acc("a" * n) == (n >= lo and (hi is None or n <= hi)), (lo, hi, n)
+
+
+# a vocabulary with tokens that cross the regexes' character boundaries (and carry the newlines that
+# xgrammar's counted repetition let through)
+_TOKENS = [b" the", b" a", "中文".encode(), "一".encode(), b"a\xe4\xb8\x80 ", b" \xe4\xb8", b"an", b", ", b",", b"ab.", b"The", b" \n", b"\r\n", b"a\n", b"\n", b"=1;", b"x=", b"42",
+           b"-0", b".5", b"Yes", b"No:", b" no", b"abc", b"123", b"2024-", b"-01", b"(555) ", b"ok.", b"\xc3\xa9"]
+
+
+def _vocab() -> Vocabulary:
+    toks = list(dict.fromkeys([bytes([i]) for i in range(256)] + MULTI + _TOKENS)) + [b"<eos>"]
+    return Vocabulary(vocab_size=len(toks) + 5, token_bytes=tuple(toks), eos_ids=(len(toks) - 1,))
+
+
+PATTERNS = [r"[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\.", r"\w+( \w+)*", r"(\w+=\w+;)*",
+            r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", r"(Yes|No): [a-z ,]{2,20}\.", r"-?\d+(\.\d+)?",
+            r"[^,\n]+(,[^,\n]+){2}", r"(ab|a)(c|bc)*"]
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return ConstraintCompiler(_vocab())
+
+
+def _mask(session: OutputSession, W: int) -> np.ndarray:
+    bm = np.zeros((1, W), np.uint32)
+    stat = np.zeros(1, np.uint8)
+    session.fill_lookahead([], bm, stat)
+    return bm[0] if stat[0] == READY else np.zeros(W, np.uint32)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_dfa_form_masks_equal_the_structural_forms_on_random_walks(pattern, compiler):
+    vocab = compiler.vocab
+    W = bitmask_words(vocab.vocab_size)
+    dfa_c = compiler.compile(ConstraintSpec("regex", pattern))[0]
+    structural = "root ::= " + ast_to_expr(full_ast(parse_regex(pattern)), json_mode=False) + "\n"
+    assert structural != regex_to_ebnf(pattern)
+    be = compiler.backend
+    struct_c = be.compile(be.parse_ebnf(structural), kind="regex", key=("structural", pattern))
+    rng = random.Random(pattern)
+    eos = vocab.eos_ids[0]
+    for walk in range(12):
+        a, b = OutputSession(dfa_c), OutputSession(struct_c)
+        for step in range(40):
+            ma, mb = _mask(a, W), _mask(b, W)
+            assert (ma == mb).all(), (pattern, walk, step)
+            assert a.is_complete == b.is_complete
+            legal = [t for t in allowed_ids(ma) if t != eos]
+            if not legal:
+                break
+            tok = rng.choice(legal)
+            a.advance([tok])
+            b.advance([tok])
+
+
+@pytest.mark.parametrize("pattern", [r"[^\n]{0,300}", r"[^\n]{0,1000}", r"[^\n]{130,200}"])
+def test_long_newline_free_lines_never_allow_a_newline(pattern, compiler):
+    # xgrammar 0.2.9's counted repetition (count > 128) of this class allowed " \n" / "\r\n"; the DFA form
+    # (300, 200) and the split structural form (1000: over REGEX_DFA_STATES) must not
+    vocab = compiler.vocab
+    W = bitmask_words(vocab.vocab_size)
+    text = regex_to_ebnf(pattern)
+    assert ("(= [])" in text) == (pattern != r"[^\n]{0,1000}")
+    c = compiler.compile(ConstraintSpec("regex", pattern))[0]
+    rng = random.Random(pattern)
+    newline = [i for i, t in enumerate(vocab.token_bytes) if b"\n" in t]
+    assert len(newline) >= 4
+    s = OutputSession(c)
+    for step in range(150):
+        m = _mask(s, W)
+        ids = set(allowed_ids(m))
+        assert not ids & set(newline), (pattern, step, sorted(ids & set(newline)))
+        legal = sorted(ids - set(vocab.eos_ids))
+        if not legal:
+            break
+        # long tokens first: the walk must get past 128 characters
+        s.advance([max(rng.sample(legal, min(8, len(legal))), key=lambda t: len(vocab.token_bytes[t]))])
+    assert s.num_committed_tokens > 40
+
+
+@pytest.mark.parametrize("pattern", [r"[ 0-9A-Za-z\u4e00-\u9fff]{0,200}", r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}",
+                                     r"[^\n]{0,1000}", r"(ab|[^a]){3,150}c"])
+def test_every_allowed_token_is_accepted(pattern, compiler):
+    # soundness of the mask on walks through the DFA form and the structural fallback (pieces of at most 128
+    # for a positive class, where xgrammar's own counted repetition allowed tokens its matcher rejects)
+    vocab = compiler.vocab
+    W = bitmask_words(vocab.vocab_size)
+    c = compiler.compile(ConstraintSpec("regex", pattern))[0]
+    rng = random.Random(pattern)
+    for walk in range(2):
+        s = OutputSession(c)
+        for step in range(60):
+            ids = [t for t in allowed_ids(_mask(s, W)) if t not in vocab.eos_ids]
+            for t in ids:
+                s.preview([t])  # IntegrityError if the matcher refuses a token its mask allowed
+                s.discard()
+            if not ids:
+                break
+            s.advance([max(rng.sample(ids, min(8, len(ids))), key=lambda t: len(vocab.token_bytes[t]))])
