@@ -144,6 +144,14 @@ def test_past_the_state_limit_the_structural_form_is_kept():
     assert 2 ** 13 > REGEX_DFA_STATES
 
 
+def test_only_the_repetitions_xgrammar_fills_wrong_are_split():
+    cjk = regex_to_ebnf(r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}")  # 1,001 states: the structural form
+    assert "(= [])" not in cjk and cjk.count("{0,128}") == 7 and "{0,104}" in cjk
+    for pattern in (r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"[0-9A-Za-z\u00e0-\u00ff]{0,1000}", r"(a|\u4e00){0,1000}"):
+        text = regex_to_ebnf(pattern)
+        assert "(= [])" not in text and "{0,1000}" in text, (pattern, text)
+
+
 @pytest.mark.parametrize("lo,hi", [(0, 300), (0, 129), (5, 300), (200, 300), (300, 300), (0, 256), (129, None),
                                    (200, None), (0, 128), (3, 17)])
 def test_split_repetition_counts_the_same_lengths(lo, hi):
@@ -236,7 +244,7 @@ def test_long_newline_free_lines_never_allow_a_newline(pattern, compiler):
 
 
 @pytest.mark.parametrize("pattern", [r"[ 0-9A-Za-z\u4e00-\u9fff]{0,200}", r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}",
-                                     r"[^\n]{0,1000}", r"(ab|[^a]){3,150}c"])
+                                     r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"(ab|[^a]){3,150}c"])
 def test_every_allowed_token_is_accepted(pattern, compiler):
     # soundness of the mask on walks through the DFA form and the structural fallback (pieces of at most 128
     # for a positive class, where xgrammar's own counted repetition allowed tokens its matcher rejects)
