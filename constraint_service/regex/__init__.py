@@ -51,12 +51,12 @@ def regex_to_ebnf(pattern: str) -> str:
 
     The grammar is the regex's minimal DFA as right-linear rules, ``root`` being the start state, when the
     DFA has at most :data:`REGEX_DFA_STATES` states; else the regex's structure (``ast_to_expr``). With
-    xgrammar 0.2.9 and the SmolLM2 vocabulary the DFA form's masks are precompiled almost whole:
-    ``[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\.`` 44 -> 8 us per mask and 36 -> 11 ms of compile,
-    ``[^\n]{0,300}`` 7.7 ms -> 22 us per mask (2-core dev box, random walks; ``bench/regex_bench.py``). The
-    structural form's counted repetition of a class of three ranges or more, ``[^\n]{0,300}`` being
-    ``[\u0000-\u0009\u000b-\ud7ff\ue000-\U0010ffff]{0,300}``, also gets xgrammar 0.2.9 masks that allow
-    tokens its matcher then rejects (``" \n"``, ``"\r\n"``); the DFA form has no counted repetition.
+    xgrammar 0.2.9 and the SmolLM2 vocabulary the DFA form's masks are precompiled almost whole (H200 host,
+    ``bench/results/regex_bench_h200host.json``): ``[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\.`` 21.4 -> 2.3 us
+    per mask (compile 47 -> 15 ms), ``[^\n]{0,300}`` 10.4 ms -> 6.2 us (compile 3.0 -> 5.6 s); over 80 regexes
+    the structural form's masks took 2.76x as long (geometric mean). The structural form of ``[^\n]{0,300}``,
+    ``[\u0000-\u0009\u000b-\ud7ff\ue000-\U0010ffff]{0,300}``, also got xgrammar 0.2.9 masks that allow tokens its
+    matcher then rejects (``" \n"``, ``"\r\n"``; see ``ebnf.REPEAT_PIECE``); the DFA form has no counted repetition.
 
     Raises:
         ConstraintError: ``InvalidRegex`` with ``1:col``, as :func:`parse_regex`.
