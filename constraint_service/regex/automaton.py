@@ -321,41 +321,56 @@ def dfa_is_empty(dfa: DFA) -> bool:
 
 def minimize(dfa: DFA) -> DFA:
     """The minimal DFA of ``dfa``'s language (Moore's partition refinement), states numbered breadth-first
-    from the start in transition order, so the result is a function of ``dfa``'s transitions alone.
+    from the start, transitions in the order of their first code point: a function of ``dfa``'s language
+    and transitions alone.
 
-    Two states are merged when both accept or both reject and every code point leads them to merged
-    states; a state's signature is its accepting bit and, per target block, the union of the ranges that
-    lead there (the ranges of one state are disjoint, so this is its whole transition function). Each
-    refinement round is O(transitions); at most ``len(dfa.trans)`` rounds.
+    Code points are cut into atoms (``charset.partition`` of every transition's ranges), and atoms that lead
+    every state to the same state are one column; a state's signature in a round is its block and its
+    column-by-column target blocks. Two states end in one block when both accept or both reject and every
+    code point leads them to states of one block. Each round is O(states x columns), at most ``len(dfa.trans)``
+    rounds (a chain of n states takes n).
     """
     n = len(dfa.trans)
+    atoms = cs.partition({r for tr in dfa.trans for r, _ in tr})
+    firsts = [a[0][0] for a in atoms]  # ascending: partition cuts in order
+    rows = []  # per state: target per atom (-1: none)
+    for tr in dfa.trans:
+        row = [-1] * len(atoms)
+        for ranges, t in tr:
+            for lo, hi in ranges:
+                for k in range(bisect.bisect_left(firsts, lo), bisect.bisect_right(firsts, hi)):
+                    row[k] = t
+        rows.append(row)
+    columns: dict = {}  # the targets of an atom over all states -> its atoms
+    for k in range(len(atoms)):
+        columns.setdefault(tuple(row[k] for row in rows), []).append(k)
+    cols = list(columns)
+    table = [tuple(col[s] for col in cols) for s in range(n)]
     block = [1 if s in dfa.accept else 0 for s in range(n)]
     count = len(set(block))
     while True:
         sigs: dict = {}
-        new = []
-        for s in range(n):
-            by: dict = {}
-            for ranges, t in dfa.trans[s]:
-                by.setdefault(block[t], []).extend(ranges)
-            sig = (block[s], frozenset((b, cs.normalize(r)) for b, r in by.items()))
-            new.append(sigs.setdefault(sig, len(sigs)))
-        block = new
+        block = [sigs.setdefault((block[s], tuple(-1 if t < 0 else block[t] for t in table[s])), len(sigs))
+                 for s in range(n)]
         if len(sigs) == count:
             break
         count = len(sigs)
-    first: dict = {}  # block -> its first state (any member has the same transitions up to blocks)
-    for s in range(n):
-        first.setdefault(block[s], s)
+    col_ranges = [cs.normalize([r for k in columns[c] for r in atoms[k]]) for c in cols]
+    col_order = sorted(range(len(cols)), key=lambda j: col_ranges[j][0][0])
+    first: dict = {}  # block -> its first state (all members lead to the same blocks)
+    for st in range(n):
+        first.setdefault(block[st], st)
     number = {block[0]: 0}
     order = [block[0]]
     out = DFA()
-    k = 0
-    while k < len(order):
-        s = first[order[k]]
-        by = {}
-        for ranges, t in dfa.trans[s]:
-            by.setdefault(block[t], []).extend(ranges)
+    i = 0
+    while i < len(order):
+        st = first[order[i]]
+        by: dict = {}  # target block -> ranges, in order of first code point
+        for j in col_order:
+            t = table[st][j]
+            if t >= 0:
+                by.setdefault(block[t], []).extend(col_ranges[j])
         trans = []
         for b, r in by.items():
             if b not in number:
@@ -363,7 +378,7 @@ def minimize(dfa: DFA) -> DFA:
                 order.append(b)
             trans.append((cs.normalize(r), number[b]))
         out.trans.append(trans)
-        if s in dfa.accept:
-            out.accept.add(k)
-        k += 1
+        if st in dfa.accept:
+            out.accept.add(i)
+        i += 1
     return out
