@@ -102,23 +102,15 @@ def charset_json(ranges) -> str:
 # harness compiles with enable_dynamic_compilation); eager compilation of long expansions is costly.
 COPY_LIMIT = 32
 EXPAND_LIMIT = 256  # nested optionals: xgrammar's parser allows ~1,000 nesting levels
-# xgrammar 0.2.9 gets the masks of a counted repetition of a positive class wrong past 128:
-# `[\u0009\u000b-\ud7ff\ue000-\U0010ffff]{0,129}` allows 39 SmolLM2 tokens with a newline (" \n", "\r\n", ...)
-# that its matcher then rejects (`{0,128}`: none), `[ 0-9A-Za-z\u4e00-\u9fff]{0,200}` 1,356 tokens over 18 positions
-# of a walk. Sound in the same checks (every allowed token of 19-60 positions): negated classes (`[^\n]{0,1000}`),
-# positive classes of two ranges (`[\u0000-\ud7ff\ue000-\U0010ffff]{0,200}`) or below U+0800
-# (`[0-9A-Za-z\u00e0-\u00ff]{0,200}`), and a group of alternatives (`([\u4e00-\u9fff] | [ a-z]){0,200}`). So a raw
-# (regex constraint) repetition of a positive class of three ranges or more reaching U+0800 (:func:`_needs_split`)
-# is written in pieces of at most REPEAT_PIECE: x{0,300} = x{0,128} x{0,128} x{0,44}, the same language
-# (x^i x^j = x^(i+j)); sound, but ambiguous and slow (0.2 s per mask for [^\n]{0,300} split as a positive class),
-# which only the structural fallback of a regex over REGEX_DFA_STATES pays.
+# xgrammar 0.2.9 gets the masks of a counted repetition of a character class wrong past 128: they allow tokens
+# its matcher then rejects. SmolLM2 vocabulary, first mask or a walk: `[\u0009\u000b-\ud7ff\ue000-\U0010ffff]{0,129}`
+# allows 39 tokens with a newline (" \n", "\r\n"; `{0,128}`: none), `[ 0-9A-Za-z\u4e00-\u9fff]{0,200}` 1,356 over
+# 18 positions, `[a-z\u4e00-\u9fff]{0,600}` 25 ("assertEqual"), `[ -~\u00a0-\u00ff\u0400-\u04ff]{0,600}` 12 (" \n"),
+# the negated `[^\u4e00-\u9fff]{0,600}` 6 (" \xe5": a CJK character's first bytes). So a raw (regex constraint)
+# repetition over REPEAT_PIECE is written in pieces of at most REPEAT_PIECE: x{0,300} = x{0,128} x{0,128} x{0,44},
+# the same language (x^i x^j = x^(i+j)); sound in the same checks, but ambiguous and slow (0.2 s per mask for
+# [^\n]{0,300}), which only the structural fallback of a regex over REGEX_DFA_STATES pays.
 REPEAT_PIECE = 128
-
-
-def _needs_split(node, inner: str) -> bool:
-    """A repetition of ``node`` (written ``inner``) is one xgrammar 0.2.9 fills wrong past REPEAT_PIECE: a positive
-    class of three ranges or more with a code point from U+0800 (see REPEAT_PIECE)."""
-    return node[0] == "chars" and not inner.startswith("[^") and len(node[1]) >= 3 and node[1][-1][1] >= 0x800
 
 
 def _pieces(x: str, lo: int, hi: int | None) -> str:
@@ -181,7 +173,7 @@ def ast_to_expr(node, json_mode: bool, expand: bool = False) -> str:
             return '""'
         if (lo, hi) == (1, 1):
             return inner
-        split = not json_mode and _needs_split(sub, inner)
+        split = not json_mode
         return "(" + repeat("(" + inner + ")", lo, hi, expand, split=split) + ")"
     raise ValueError(kind)
 

@@ -144,12 +144,12 @@ def test_past_the_state_limit_the_structural_form_is_kept():
     assert 2 ** 13 > REGEX_DFA_STATES
 
 
-def test_only_the_repetitions_xgrammar_fills_wrong_are_split():
-    cjk = regex_to_ebnf(r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}")  # 1,001 states: the structural form
-    assert "(= [])" not in cjk and cjk.count("{0,128}") == 7 and "{0,104}" in cjk
-    for pattern in (r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"[0-9A-Za-z\u00e0-\u00ff]{0,1000}", r"(a|\u4e00){0,1000}"):
+def test_structural_form_splits_every_repetition_over_128():
+    # 1,001 states: the structural form; xgrammar 0.2.9 filled counted repetitions of classes over 128 wrong,
+    # positive or negated (see ebnf.REPEAT_PIECE)
+    for pattern in (r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}", r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"(a|\u4e00){0,1000}"):
         text = regex_to_ebnf(pattern)
-        assert "(= [])" not in text and "{0,1000}" in text, (pattern, text)
+        assert "(= [])" not in text and text.count("{0,128}") == 7 and "{0,104}" in text, (pattern, text)
 
 
 @pytest.mark.parametrize("lo,hi", [(0, 300), (0, 129), (5, 300), (200, 300), (300, 300), (0, 256), (129, None),
@@ -167,7 +167,7 @@ def test_split_repetition_counts_the_same_lengths(lo, hi):
 
 # a vocabulary with tokens that cross the regexes' character boundaries (and carry the newlines that
 # xgrammar's counted repetition let through)
-_TOKENS = [b" the", b" a", "中文".encode(), "一".encode(), b"a\xe4\xb8\x80 ", b" \xe4\xb8", b"an", b", ", b",", b"ab.", b"The", b" \n", b"\r\n", b"a\n", b"\n", b"=1;", b"x=", b"42",
+_TOKENS = [b"assertEqual", b" \xe5", b" \xe4\xb8", b" \r", b" the", b" a", "中文".encode(), "一".encode(), b"a\xe4\xb8\x80 ", b" \xe4\xb8", b"an", b", ", b",", b"ab.", b"The", b" \n", b"\r\n", b"a\n", b"\n", b"=1;", b"x=", b"42",
            b"-0", b".5", b"Yes", b"No:", b" no", b"abc", b"123", b"2024-", b"-01", b"(555) ", b"ok.", b"\xc3\xa9"]
 
 
@@ -244,7 +244,9 @@ def test_long_newline_free_lines_never_allow_a_newline(pattern, compiler):
 
 
 @pytest.mark.parametrize("pattern", [r"[ 0-9A-Za-z\u4e00-\u9fff]{0,200}", r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}",
-                                     r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"(ab|[^a]){3,150}c"])
+                                     r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"(ab|[^a]){3,150}c",
+                                     r"[a-z\u4e00-\u9fff]{0,600}", r"[ -~\u00a0-\u00ff\u0400-\u04ff]{0,600}",
+                                     r"[^\u4e00-\u9fff]{0,600}"])
 def test_every_allowed_token_is_accepted(pattern, compiler):
     # soundness of the mask on walks through the DFA form and the structural fallback (pieces of at most 128
     # for a positive class, where xgrammar's own counted repetition allowed tokens its matcher rejects)
