@@ -78,3 +78,22 @@ def tok(b: bytes) -> int:
 def make_session(compiler: ConstraintCompiler, kind: str, source: str = "", choices=(), prefix=b""):
     compiled, _ = compiler.compile(ConstraintSpec(kind, source, tuple(choices)))
     return OutputSession(compiled, prefix)
+
+
+_EMPTY_VOCAB_COMPILER = None
+
+
+def language_checker(ebnf: str):
+    """``accepts(text) -> bool``: whether the EBNF grammar's language holds ``text`` (xgrammar, empty vocabulary)."""
+    import xgrammar as xgr
+
+    global _EMPTY_VOCAB_COMPILER
+    if _EMPTY_VOCAB_COMPILER is None:
+        _EMPTY_VOCAB_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
+    compiled = _EMPTY_VOCAB_COMPILER.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
+
+    def accepts(text: str) -> bool:
+        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return m.accept_string(text.encode("utf-8")) and m.is_completed()
+
+    return accepts

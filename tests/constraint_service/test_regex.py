@@ -3,23 +3,10 @@ import itertools
 import re
 
 import pytest
-import xgrammar as xgr
 
+from conftest import language_checker
 from constraint_service.errors import ConstraintError
 from constraint_service.regex import regex_fullmatch, regex_search, regex_to_ebnf
-
-_TI = xgr.TokenizerInfo([])
-_COMPILER = xgr.GrammarCompiler(_TI, max_threads=1)
-
-
-def language_checker(ebnf: str):
-    compiled = _COMPILER.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
-
-    def accepts(text: str) -> bool:
-        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
-        return m.accept_string(text.encode("utf-8")) and m.is_completed()
-
-    return accepts
 
 
 def strings(alphabet, max_len):

@@ -8,10 +8,9 @@ import re
 
 import numpy as np
 import pytest
-import xgrammar as xgr
 from hypothesis import given, settings, strategies as st
 
-from conftest import MULTI, allowed_ids
+from conftest import MULTI, allowed_ids, language_checker
 from constraint_service.compiler import ConstraintCompiler
 from constraint_service.regex import (REGEX_DFA_STATES, ast_to_expr, build_nfa, full_ast, minimize, nfa_matches,
                                       parse_regex, product_dfa, regex_to_ebnf)
@@ -20,18 +19,6 @@ from constraint_service.regex.ebnf import REPEAT_PIECE, repeat
 from constraint_service.session import OutputSession
 from constraint_service.types import READY, ConstraintSpec, bitmask_words
 from constraint_service.vocab import Vocabulary
-
-_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
-
-
-def _accepts(ebnf: str):
-    compiled = _COMPILER.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
-
-    def accepts(text: str) -> bool:
-        m = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
-        return m.accept_string(text.encode("utf-8")) and m.is_completed()
-
-    return accepts
 
 
 def _run(dfa: DFA, text: str, state: int = 0) -> bool:
@@ -112,7 +99,7 @@ def test_minimize_keeps_the_language_and_leaves_no_equivalent_states(pattern):
 @given(_regex())
 def test_dfa_form_accepts_exactly_the_regex_language(pattern):
     text = regex_to_ebnf(pattern)
-    acc = _accepts(text)
+    acc = language_checker(text)
     py = re.compile(pattern)
     for n in range(5):
         for w in itertools.product(_ALPHABET, repeat=n):
@@ -136,7 +123,7 @@ def test_past_the_state_limit_the_structural_form_is_kept():
     text = regex_to_ebnf(pattern)
     assert "(= [])" not in text and text.startswith("root ::= ")
     assert text == "root ::= " + ast_to_expr(full_ast(parse_regex(pattern)), json_mode=False) + "\n"
-    acc = _accepts(text)
+    acc = language_checker(text)
     rng = random.Random(0)
     for _ in range(300):
         s = "".join(rng.choice("ab") for _ in range(rng.randint(10, 16)))
@@ -159,7 +146,7 @@ def test_split_repetition_counts_the_same_lengths(lo, hi):
     counts = [tuple(int(x) if x else None for x in m.split(",")) for m in re.findall(r"\{([0-9,]*)\}", text)]
     assert all(c <= REPEAT_PIECE for lo_hi in counts for c in lo_hi if c is not None)
     assert sum(c[0] for c in counts) == lo
-    acc = _accepts(f"root ::= {text}\n")
+    acc = language_checker(f"root ::= {text}\n")
     top = (hi if hi is not None else lo) + 3
     for n in range(max(0, lo - 3), top + 1):
         assert acc("a" * n) == (n >= lo and (hi is None or n <= hi)), (lo, hi, n)
