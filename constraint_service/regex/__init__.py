@@ -40,6 +40,14 @@ def search_ast(parsed: ParsedRegex):
 #: The regex constraint is written as its minimal DFA when that has at most this many states (one rule
 #: each), else as the regex's own structure.
 REGEX_DFA_STATES = 512
+#: The DFA is only attempted for a Thompson NFA of at most this many states: each DFA state explored is a set
+#: of NFA states, so a small source such as ``(a?){20000}`` (40,000 NFA states, each DFA state a closure of up
+#: to 20,000) took 8.4 s to reach the state limit on the 2-core box; ``(a?){2000}`` (4,002) takes 0.37 s.
+REGEX_NFA_STATES = 4_096
+#: ... and its rules are kept only up to this many characters of grammar text: the rules repeat a state's
+#: character classes, so a class of many ranges under a counted repetition (82 characters of source) wrote
+#: 52 KB, 2 KB of source 3 MB (and a 1 GB compile); the structural form writes each class once.
+REGEX_DFA_TEXT = 256 * 1024
 #: The lookahead of every DFA rule: nothing may follow the language (a regex body ends the output; a
 #: reasoning prefix only comes before it, ``tools/wrap.py``).
 NOTHING_FOLLOWS = "(= [])"
@@ -50,7 +58,9 @@ def regex_to_ebnf(pattern: str) -> str:
     :func:`regex_fullmatch`, which nothing may follow.
 
     The grammar is the regex's minimal DFA as right-linear rules, ``root`` being the start state, when the
-    DFA has at most :data:`REGEX_DFA_STATES` states; else the regex's structure (``ast_to_expr``). With
+    DFA has at most :data:`REGEX_DFA_STATES` states (tried for an NFA of at most :data:`REGEX_NFA_STATES`
+    states) and its rules at most :data:`REGEX_DFA_TEXT` characters; else the regex's structure
+    (``ast_to_expr``). With
     xgrammar 0.2.9 and the SmolLM2 vocabulary the DFA form's masks are precompiled almost whole (H200 host,
     ``bench/results/regex_bench_h200host.json``): ``[A-Z][a-z]+( [a-z]+)*(, [a-z]+( [a-z]+)*)*\.`` 21.4 -> 2.3 us
     per mask (compile 47 -> 15 ms), ``[^\n]{0,300}`` 10.4 ms -> 6.2 us (compile 3.0 -> 5.6 s); over 80 regexes
@@ -63,12 +73,16 @@ def regex_to_ebnf(pattern: str) -> str:
     """
     ast = full_ast(parse_regex(pattern, "InvalidRegex"))
     try:
-        dfa = minimize(product_dfa([build_nfa(ast)], 0, None, REGEX_DFA_STATES))
+        dfa = minimize(product_dfa([build_nfa(ast, REGEX_NFA_STATES)], 0, None, REGEX_DFA_STATES))
     except AutomatonLimit:
-        return "root ::= " + ast_to_expr(ast, json_mode=False) + "\n"
-    rules = dfa_rule_bodies(dfa, lambda st: "root" if st == 0 else f"rx_{st}", lambda ranges: (class_text(ranges),),
-                            '""', NOTHING_FOLLOWS)
-    return "".join(f"{name} ::= {body}\n" for name, body in rules)
+        dfa = None
+    if dfa is not None:
+        rules = dfa_rule_bodies(dfa, lambda st: "root" if st == 0 else f"rx_{st}",
+                                lambda ranges: (class_text(ranges),), '""', NOTHING_FOLLOWS)
+        text = "".join(f"{name} ::= {body}\n" for name, body in rules)
+        if len(text) <= REGEX_DFA_TEXT:
+            return text
+    return "root ::= " + ast_to_expr(ast, json_mode=False) + "\n"
 
 
 @lru_cache(maxsize=1024)

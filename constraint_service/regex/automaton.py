@@ -47,6 +47,7 @@ def build_nfa(node, max_states: int = 200_000) -> NFA:
             cur = s
             for c in n[1]:
                 cur = build(c, cur)
+                check()
             return cur
         if kind == "alt":
             e = nfa.new()

@@ -24,11 +24,26 @@ def _cp(c: int) -> str:
     return "\\u%04x" % c if c <= 0xFFFF else "\\U%08x" % c
 
 
+_CARET = 0x5E
+
+
 def class_text(ranges) -> str:
+    """A positive character class of exactly ``ranges`` (a normalized charset), every member ``\\u``-escaped.
+
+    xgrammar 0.2.9 *prints* a class whose first member is ``^`` without escaping it (``[\\u005e\\u0061]``
+    prints as ``[^a]``, ``[\\u005e-\\u0061]`` as ``[^-a]``), and a ``GrammarCompiler`` with its cache on
+    compiles a ``Grammar`` from that printed text: the negated class. NInfer's compilers run with the cache
+    off (the right language), but the text must survive printing, so a class whose first code point is U+005E
+    writes that member last; the one-member class ``[\\u005e]`` parses (and prints) as ``"^"`` and stays.
+    """
     if tuple(ranges) == ((0, 0),):
         # xgrammar 0.2.9 Grammar.from_ebnf turns a one-char class [\u0000] into the empty
         # literal "" (NUL-terminated string); a duplicated member keeps it a class.
         return "[\\u0000\\u0000]"
+    ranges = list(ranges)
+    if ranges and ranges[0][0] == _CARET and ranges != [(_CARET, _CARET)]:
+        hi = ranges[0][1]
+        ranges = ([(_CARET + 1, hi)] if hi > _CARET else []) + ranges[1:] + [(_CARET, _CARET)]
     parts = []
     for lo, hi in ranges:
         parts.append(_cp(lo) if lo == hi else _cp(lo) + "-" + _cp(hi))
