@@ -39,7 +39,10 @@ rewrite is verified on the re-parsed grammar.
 
 After validation, ``R{m,n}`` of a star-closed ``R`` (``L(R) = L(R)*``) is
 replaced by ``R`` (:func:`_collapse_closed_repeats`; same language, avoids
-exponential matching of nested nullable repetitions).
+exponential matching of nested nullable repetitions), and every ``R{m,n}`` with
+a count over 128 is written as pieces of at most 128 (:func:`_split_long_repeats`;
+same language: xgrammar 0.2.9's masks for longer counted repetitions allow
+tokens its matcher rejects).
 
 Detection uses xgrammar's parsed structure (``Grammar.serialize_json``,
 format ``v18``); locations come from a small lexer over the source.
@@ -55,6 +58,7 @@ import xgrammar as xgr
 
 from .backend import XGrammarBackend
 from .errors import ConstraintError
+from .regex.ebnf import REPEAT_PIECE, repeat_pieces
 from .vocab import Vocabulary
 
 __all__ = ["FORBIDDEN_CONSTRUCTORS", "parse_gbnf"]
@@ -324,7 +328,55 @@ def _parse_xgrammar_dialect(source: str, vocab: Vocabulary) -> "xgr.Grammar":
             'NUL (\\x00) inside a string literal is not supported; use the class [\\x00]',
             f"{line}:{col}",
         )
-    return _collapse_closed_repeats(grammar)
+    return _split_long_repeats(_collapse_closed_repeats(grammar))
+
+
+def _split_long_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
+    """Rewrite every ``R{m,n}`` with ``m`` or ``n`` over ``REPEAT_PIECE`` (128) as a rule of pieces
+    ``R{128,128} ... R{0,128} R{0,k}`` (``regex.ebnf.repeat_pieces``: the same lengths, so the same language).
+
+    xgrammar 0.2.9's token masks for a counted repetition over 128 allow tokens its matcher then rejects
+    (``root ::= [a-z\u4e00-\u9fff]{0,600}``: ``"k\n"``, ``"status="`` on the first mask; see
+    ``regex.ebnf.REPEAT_PIECE``): an integrity error for the request. The pieces' masks are sound (and slow:
+    the split is ambiguous). The repetition's expression becomes a reference to a new rule (named after
+    the rule it was in), so whatever held it is unchanged. Returns ``grammar`` itself when nothing applies.
+    """
+    data = json.loads(grammar.serialize_json())
+    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs_data)]
+    rules = data["rules"]
+    long = []
+    for k in range(len(indptr)):
+        e = exprs_data[bounds[k]: bounds[k + 1]]
+        if e and e[0] == _EXPR_REPEAT and (e[3] > REPEAT_PIECE or e[4] > REPEAT_PIECE):  # e[4] -1: unbounded
+            long.append(k)
+    if not long:
+        return grammar
+    out = [exprs_data[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
+    names = {r[0] for r in rules}
+
+    def add(expr: list) -> int:
+        out.append(expr)
+        return len(out) - 1
+
+    for k in long:
+        _, _, sub, lo, hi = out[k]
+        pieces = [add([_EXPR_REPEAT, 3, sub, a, -1 if b is None else b])
+                  for a, b in repeat_pieces(lo, None if hi == -1 else hi)]
+        body = add([_EXPR_CHOICES, 1, add([_EXPR_SEQUENCE, len(pieces), *pieces])])
+        name, i = f"{rules[sub][0]}_pieces", 1
+        while name in names:
+            i += 1
+            name = f"{rules[sub][0]}_pieces_{i}"
+        names.add(name)
+        rules.append([name, body, -1, False, -1, -1, "", False, None])
+        out[k] = [_EXPR_RULE_REF, 1, len(rules) - 1]
+    flat, ptr = [], []
+    for e in out:
+        ptr.append(len(flat))
+        flat.extend(e)
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = flat, ptr
+    return xgr.Grammar.deserialize_json(json.dumps(data))
 
 
 def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":

@@ -128,20 +128,26 @@ EXPAND_LIMIT = 256  # nested optionals: xgrammar's parser allows ~1,000 nesting 
 REPEAT_PIECE = 128
 
 
-def _pieces(x: str, lo: int, hi: int | None) -> str:
-    """x{lo,hi} as a sequence of counted repetitions none of whose counts is over REPEAT_PIECE (hi None:
-    the last one unbounded)."""
+def repeat_pieces(lo: int, hi: int | None) -> list[tuple[int, int | None]]:
+    """The counts ``[(lo_i, hi_i)]`` of a sequence of counted repetitions equal to ``x{lo,hi}``, none of them
+    over :data:`REPEAT_PIECE` (hi None: unbounded, the last piece only): x^i x^j = x^(i+j), so the lengths are
+    exactly lo..hi. A count already within REPEAT_PIECE gives itself."""
     out = []
     while lo > REPEAT_PIECE or (hi is not None and hi > REPEAT_PIECE):
         n = min(lo, REPEAT_PIECE)
         h = REPEAT_PIECE if hi is not None or n < lo else n
-        out.append(f"{x}{{{n},{h}}}")
+        out.append((n, h))
         lo -= n
         if hi is not None:
             hi -= h
-    if hi != 0:
-        out.append(f"{x}{{{lo},{'' if hi is None else hi}}}")
-    return "(" + " ".join(out) + ")"
+    if hi != 0 or not out:
+        out.append((lo, hi))
+    return out
+
+
+def _pieces(x: str, lo: int, hi: int | None) -> str:
+    """x{lo,hi} as a sequence of counted repetitions none of whose counts is over REPEAT_PIECE."""
+    return "(" + " ".join(f"{x}{{{a},{'' if b is None else b}}}" for a, b in repeat_pieces(lo, hi)) + ")"
 
 
 def repeat(x: str, lo: int, hi: int | None, expand: bool = False, split: bool = False) -> str:

@@ -268,9 +268,49 @@ def test_long_newline_free_lines_never_allow_a_newline(pattern, compiler):
 def test_every_allowed_token_is_accepted(pattern, compiler):
     # soundness of the mask on walks through the DFA form and the structural fallback (pieces of at most 128
     # for a positive class, where xgrammar's own counted repetition allowed tokens its matcher rejects)
+    _every_allowed_token_is_accepted(compiler, ConstraintSpec("regex", pattern))
+
+
+@pytest.mark.parametrize("grammar", [r"root ::= [a-z\u4e00-\u9fff]{0,600}", r"root ::= [ 0-9A-Za-z\u4e00-\u9fff]{0,200}",
+                                     r"root ::= [^\u4e00-\u9fff]{0,600}", r"root ::= [ -~\u00a0-\u00ff\u0400-\u04ff]{0,600}",
+                                     'root ::= w{130,}\nw ::= [a-z\u4e00-\u9fff] | "\\n"'])
+def test_gbnf_long_repetitions_every_allowed_token_is_accepted(grammar, compiler):
+    # the same xgrammar bug through a user's GBNF {m,n} (written as given, these allowed 34-302 tokens its
+    # matcher rejected on these walks); gbnf._split_long_repeats writes them in pieces of at most 128
+    _every_allowed_token_is_accepted(compiler, ConstraintSpec("grammar", grammar))
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 300), (130, 130), (129, None), (0, 129), (5, 128)])
+def test_gbnf_long_repetitions_keep_their_language(lo, hi):
+    import xgrammar as xgr
+
+    from constraint_service.gbnf import parse_gbnf
+
+    src = f'root ::= "<" a{{{lo},{"" if hi is None else hi}}} ">"\na ::= "a" | "bc"\n'
+    g = parse_gbnf(src, _vocab())
+    counts = [tuple(int(x) for x in m.split(", ")) for m in re.findall(r"\{(-?[0-9]+, -?[0-9]+)\}", str(g))]
+    assert counts and all(c <= REPEAT_PIECE for pair in counts for c in pair)
+    assert (len(counts) > 1) == (max(lo, hi or 0) > REPEAT_PIECE)  # split only past REPEAT_PIECE
+    comp = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1, cache_enabled=False).compile_grammar(g)
+
+    def acc(text: str) -> bool:
+        m = xgr.GrammarMatcher(comp, terminate_without_stop_token=True)
+        return m.accept_string(text.encode()) and m.is_completed()
+
+    top = (hi if hi is not None else lo) + 3
+    for n in sorted({0, 1, 2, max(0, lo - 1), lo, lo + 1, top - 3, top - 2, top - 1, top}):
+        want = n >= lo and (hi is None or n <= hi)
+        assert acc("<" + "a" * n + ">") == want, (lo, hi, n)
+        assert acc("<" + "bc" * n + ">") == want, (lo, hi, n)
+        if n:
+            assert acc("<" + "bc" + "a" * (n - 1) + ">") == want, (lo, hi, n)
+
+
+def _every_allowed_token_is_accepted(compiler, spec):
     vocab = compiler.vocab
     W = bitmask_words(vocab.vocab_size)
-    c = compiler.compile(ConstraintSpec("regex", pattern))[0]
+    pattern = spec.source
+    c = compiler.compile(spec)[0]
     rng = random.Random(pattern)
     for walk in range(2):
         s = OutputSession(c)
