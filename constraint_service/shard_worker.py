@@ -12,6 +12,9 @@ side. Two inherited sockets (``multiprocessing.connection`` framing):
   - ``("prepare", (request_id, key, kind, grammar_text, prefix))``: the compiled grammar of ``key`` (this
     shard's cache, or compiled from ``grammar_text``) and the request's session; value
     ``(built, complete)``;
+  - ``("warm", (key, kind, grammar_text))``: compile ``key`` into this shard's cache without a session (the
+    sidecar sends it in the background, so later sessions of the grammar can be placed here without
+    waiting); value ``built``;
   - ``("close", (request_id, final_tokens))``: :meth:`StepShard.close`'s value.
 
 * step: ``(slot, rows)`` per Step message, answered on the worker's main thread with
@@ -114,6 +117,9 @@ def _serve_control(conn: Connection, grammars: _GrammarCache, shard, state: dict
                 compiled, built = grammars.get(key, kind, text)
                 session = shard.open(rid, compiled, prefix, kind or "")
                 reply((tag, "ok", (built, session.is_complete)))
+            elif op == "warm":
+                key, kind, text = args
+                reply((tag, "ok", grammars.get(key, kind, text)[1]))
             elif op == "close":
                 reply((tag, "ok", shard.close(args[0], args[1])))
             else:

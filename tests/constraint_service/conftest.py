@@ -97,3 +97,17 @@ def language_checker(ebnf: str):
         return m.accept_string(text.encode("utf-8")) and m.is_completed()
 
     return accepts
+
+
+def warm_every_shard(sv, constraint) -> None:
+    """Compile ``constraint`` (a ``pb.Constraint``) on every Step shard worker of the servicer ``sv`` now, as
+    its background ``warm`` would: later sessions of it are placed by load alone (tests that need sessions
+    on the workers)."""
+    spec = ConstraintSpec(kind=constraint.kind or None, source=constraint.source, choices=tuple(constraint.choices),
+                          wrapper=constraint.wrapper)
+    compiled, _ = sv._compiler.compile(spec)
+    for shard in sv._remote:
+        with sv._lock:
+            sv._warming[shard.index] = compiled.key
+        sv._warm(sv._epoch, shard, compiled.key, constraint.kind or None, sv._grammar_text(compiled))
+        assert compiled.key in sv._compiled_on[shard.index]

@@ -8,7 +8,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import EOS, VOCAB
+from conftest import EOS, VOCAB, warm_every_shard
 
 from constraint_service.server import ConstraintServicer, SidecarOptions
 from constraint_service.types import UNCONSTRAINED
@@ -38,11 +38,12 @@ def _make(chunk_rows: int, shards: int = 1):
     sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=geo.num_slots,
                                        num_lanes=geo.num_lanes, num_positions=geo.num_positions,
                                        num_words=ring.geometry.num_words), Ctx())
+    kinds = [pb.Constraint(kind="regex", source="[a-c]{2,6}x"), pb.Constraint(kind="choice", choices=["abc", "abd", "b"]),
+             pb.Constraint(kind="grammar", source='root ::= "a" [b-c]* "x"')]
+    for c in kinds:  # every shard has every grammar: the sessions are placed by load alone
+        warm_every_shard(sv, c)
     for i in range(9):
-        c = (pb.Constraint(kind="regex", source="[a-c]{2,6}x") if i % 3 == 0 else
-             pb.Constraint(kind="choice", choices=["abc", "abd", "b"]) if i % 3 == 1 else
-             pb.Constraint(kind="grammar", source='root ::= "a" [b-c]* "x"'))
-        sv.Prepare(pb.PrepareRequest(request_id=f"r{i}", constraint=c), Ctx())
+        sv.Prepare(pb.PrepareRequest(request_id=f"r{i}", constraint=kinds[i % 3]), Ctx())
     return sv, ring
 
 
@@ -121,7 +122,8 @@ def test_a_shard_worker_masks_json_schema_rows_like_the_sidecar():
             sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=2, num_lanes=2,
                                                num_positions=1, num_words=geo.num_words), Ctx())
             for rid, src in (("j0", schema), ("j1", schema.replace('"minimum":3', '"minimum":4'))):
-                # another key: j1 lands on the worker when there is one (a cached key would stay on shard 0)
+                # every shard has both grammars: j1 lands on the worker (the least loaded) when there is one
+                warm_every_shard(sv, pb.Constraint(kind="json_schema", source=src))
                 sv.Prepare(pb.PrepareRequest(request_id=rid, constraint=pb.Constraint(kind="json_schema",
                                                                                     source=src)), Ctx())
             assert sorted(sv._owner.values()) == ([0, 0] if shards == 1 else [0, 1])

@@ -124,6 +124,67 @@ def _register(sv: ConstraintServicer) -> None:
         eos_ids=list(VOCAB.eos_ids)), Ctx())
 
 
+def _warmed(sv: ConstraintServicer, shard: int, timeout: float = 30.0) -> None:
+    """Wait for the background compile on ``shard`` to end (it was started by a Prepare)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while shard in sv._warming and time.monotonic() < end:
+        time.sleep(0.01)
+    assert shard not in sv._warming
+
+
+def _on_both_shards(sv: ConstraintServicer) -> None:
+    """Sessions "a" on shard 0 and "b" on shard 1 of a 2-shard servicer ("x*" fill-ins closed again)."""
+    _prepare(sv, "a", ["yes", "no"])
+    _prepare(sv, "x1", ["yes"])  # a new grammar: shard 0, the only one that has it
+    _prepare(sv, "x2", ["yes"])  # shard 0 has 3 more: shard 1 compiles ["yes"] in the background
+    _warmed(sv, 1)
+    _prepare(sv, "b", ["yes"])  # now the least loaded shard that has it
+    assert sv._owner == {"a": 0, "x1": 0, "x2": 0, "b": 1}
+    for rid in ("x1", "x2"):
+        sv.Close(pb.CloseRequest(request_id=rid), Ctx())
+
+
+def test_sessions_go_to_shards_that_have_their_grammar_and_others_warm_in_the_background():
+    """A Prepare never waits for a shard worker's compile: a new grammar's sessions go to this process (shard
+    0) until a worker compiled it in the background; then the least loaded shard with the grammar."""
+    geo = RingGeometry(num_slots=2, num_lanes=8, num_positions=1, vocab_size=VOCAB.vocab_size)
+    ring = MaskRing.create(f"ninfer-test-place-{os.getpid()}-{uuid.uuid4().hex[:8]}", geo)
+    sv = ConstraintServicer(SidecarOptions(isolate_compiles=False, step_shards=3))
+    try:
+        _register(sv)
+        sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=2, num_lanes=8,
+                                           num_positions=1, num_words=geo.num_words), Ctx())
+        assert sv.num_shards == 3
+        _prepare(sv, "a1", ["yes", "no"])
+        _prepare(sv, "a2", ["yes", "no"])  # 2 vs 0: within the slack, no compile elsewhere
+        assert sv._owner == {"a1": 0, "a2": 0} and not sv._warming
+        _prepare(sv, "a3", ["yes", "no"])  # 2 vs 0 before it: shard 1 warms; a3 still on shard 0
+        assert sv._owner["a3"] == 0
+        key = next(iter(sv._compiled_on[0]))
+        _warmed(sv, 1)
+        assert key in sv._compiled_on[1] and key not in sv._compiled_on[2]
+        _prepare(sv, "a4", ["yes", "no"])  # shard 1 has it and 0 sessions
+        _prepare(sv, "a5", ["yes", "no"])  # 3 / 1 / 0: shard 1 again (shard 2 is cold), 1 vs 0: no warm
+        assert sv._owner["a4"] == 1 and sv._owner["a5"] == 1 and not sv._warming
+        _prepare(sv, "a6", ["yes", "no"])  # 3 / 2 / 0: shard 1, and 2 > 0 + 1: shard 2 warms
+        assert sv._owner["a6"] == 1
+        _warmed(sv, 2)
+        assert key in sv._compiled_on[2]
+        _prepare(sv, "a7", ["yes", "no"])
+        assert sv._owner["a7"] == 2
+        _prepare(sv, "b1", ["no"])  # a new grammar; shard 2 is the least loaded but cold: shard 0
+        assert sv._owner["b1"] == 0
+        rows = [pb.RowStep(request_id=r, row=i) for i, r in enumerate(["a1", "a4", "a7", "b1"])]
+        resp = sv._step(pb.StepRequest(step_seq=1, slot=1, rows=rows))
+        assert [r.status for r in resp.rows] == [pb.ROW_STATUS_OK] * 4 and (ring.status(1)[:4, 0] == 1).all()
+    finally:
+        sv.close()
+        ring.close()
+        ring.unlink()
+
+
 def test_a_lost_shard_worker_makes_the_sidecar_unavailable_until_it_registers_again():
     """A SIGKILLed Step shard worker: health goes NOT_SERVING at once (the engine's heartbeat restarts the
     sidecar), a Step touching that shard and every Prepare answer UNAVAILABLE; no row is answered as if its
@@ -141,9 +202,7 @@ def test_a_lost_shard_worker_makes_the_sidecar_unavailable_until_it_registers_ag
         _register(sv)
         sv.AttachRing(pb.AttachRingRequest(name=ring.name, byte_size=ring.nbytes, num_slots=2, num_lanes=4,
                                            num_positions=1, num_words=geo.num_words), Ctx())
-        _prepare(sv, "a", ["yes", "no"])
-        _prepare(sv, "b", ["yes"])  # another grammar key: the least loaded shard (a cached key stays)
-        assert sorted(sv._owner.values()) == [0, 1]
+        _on_both_shards(sv)  # "a" on shard 0, "b" on the worker
         rows = [pb.RowStep(request_id="a", row=0), pb.RowStep(request_id="b", row=1)]
         assert all(r.status == pb.ROW_STATUS_OK for r in sv._step(pb.StepRequest(step_seq=1, slot=1, rows=rows)).rows)
         (pid,) = sv.shard_pids
@@ -160,8 +219,7 @@ def test_a_lost_shard_worker_makes_the_sidecar_unavailable_until_it_registers_ag
         assert ctx.status.code == grpc.StatusCode.UNAVAILABLE
         _register(sv)
         assert health == [False, True] and not sv.broken and sv.num_shards == 2 and sv.shard_pids != [pid]
-        _prepare(sv, "a", ["yes", "no"])  # the old sessions are gone with their generation
-        _prepare(sv, "b", ["yes"])
+        _on_both_shards(sv)  # the old sessions are gone with their generation
         resp = sv._step(pb.StepRequest(step_seq=3, slot=1, rows=rows))
         assert [r.status for r in resp.rows] == [pb.ROW_STATUS_OK] * 2 and (ring.status(1)[:2, 0] == 1).all()
     finally:
