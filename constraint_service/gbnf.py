@@ -40,7 +40,7 @@ rewrite is verified on the re-parsed grammar.
 After validation, ``R{m,n}`` of a star-closed ``R`` (``L(R) = L(R)*``) is
 replaced by ``R`` (:func:`_collapse_closed_repeats`; same language, avoids
 exponential matching of nested nullable repetitions), and every ``R{m,n}`` with
-a count over 128 is written as pieces of at most 128 (:func:`_split_long_repeats`;
+a count over 128 is written as counts of at most 128 (:func:`_split_long_repeats`;
 same language: xgrammar 0.2.9's masks for longer counted repetitions allow
 tokens its matcher rejects).
 
@@ -58,7 +58,7 @@ import xgrammar as xgr
 
 from .backend import XGrammarBackend
 from .errors import ConstraintError
-from .regex.ebnf import REPEAT_PIECE, repeat_pieces
+from .regex.ebnf import REPEAT_PIECE, repeat_chain
 from .vocab import Vocabulary
 
 __all__ = ["FORBIDDEN_CONSTRUCTORS", "parse_gbnf"]
@@ -332,14 +332,15 @@ def _parse_xgrammar_dialect(source: str, vocab: Vocabulary) -> "xgr.Grammar":
 
 
 def _split_long_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
-    """Rewrite every ``R{m,n}`` with ``m`` or ``n`` over ``REPEAT_PIECE`` (128) as a rule of pieces
-    ``R{128,128} ... R{0,128} R{0,k}`` (``regex.ebnf.repeat_pieces``: the same lengths, so the same language).
+    """Rewrite every ``R{m,n}`` with ``m`` or ``n`` over ``REPEAT_PIECE`` (128) as counts of at most 128:
+    ``R{128,128}`` q times, then a chain of rules ``C_k ::= R{l,127} | R{128,128} C_k+1`` ending in
+    ``R{l,h}`` (``regex.ebnf.repeat_chain``: the same lengths, one parse each, so the same language).
 
     xgrammar 0.2.9's token masks for a counted repetition over 128 allow tokens its matcher then rejects
     (``root ::= [a-z\u4e00-\u9fff]{0,600}``: ``"k\n"``, ``"status="`` on the first mask; see
-    ``regex.ebnf.REPEAT_PIECE``): an integrity error for the request. The pieces' masks are sound (and slow:
-    the split is ambiguous). The repetition's expression becomes a reference to a new rule (named after
-    the rule it was in), so whatever held it is unchanged. Returns ``grammar`` itself when nothing applies.
+    ``regex.ebnf.REPEAT_PIECE``): an integrity error for the request. The chain's masks are sound in the same
+    checks. The repetition's expression becomes a reference to a new rule (named after the repeated rule), so
+    whatever held it is unchanged. Returns ``grammar`` itself when nothing applies.
     """
     data = json.loads(grammar.serialize_json())
     exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
@@ -359,18 +360,33 @@ def _split_long_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
         out.append(expr)
         return len(out) - 1
 
-    for k in long:
-        _, _, sub, lo, hi = out[k]
-        pieces = [add([_EXPR_REPEAT, 3, sub, a, -1 if b is None else b])
-                  for a, b in repeat_pieces(lo, None if hi == -1 else hi)]
-        body = add([_EXPR_CHOICES, 1, add([_EXPR_SEQUENCE, len(pieces), *pieces])])
-        name, i = f"{rules[sub][0]}_pieces", 1
+    def new_rule(base: str, body: int) -> int:
+        name, i = base, 1
         while name in names:
             i += 1
-            name = f"{rules[sub][0]}_pieces_{i}"
+            name = f"{base}_{i}"
         names.add(name)
         rules.append([name, body, -1, False, -1, -1, "", False, None])
-        out[k] = [_EXPR_RULE_REF, 1, len(rules) - 1]
+        return len(rules) - 1
+
+    def rep(sub: int, a: int, b: int | None) -> int:
+        return add([_EXPR_REPEAT, 3, sub, a, -1 if b is None else b])
+
+    for k in long:
+        _, _, sub, lo, hi = out[k]
+        base = rules[sub][0]
+        q, levels = repeat_chain(lo, None if hi == -1 else hi)
+        nxt = None  # rule id of the level after this one (None: the last level)
+        for j in range(len(levels) - 1, -1, -1):
+            a, b = levels[j]
+            if nxt is None:
+                alts = [add([_EXPR_EMPTY, 0]) if (a, b) == (0, 0) else add([_EXPR_SEQUENCE, 1, rep(sub, a, b)])]
+            else:
+                alts = [add([_EXPR_SEQUENCE, 1, rep(sub, a, b)]),
+                        add([_EXPR_SEQUENCE, 2, rep(sub, REPEAT_PIECE, REPEAT_PIECE), add([_EXPR_RULE_REF, 1, nxt])])]
+            nxt = new_rule(f"{base}_chain{j}", add([_EXPR_CHOICES, len(alts), *alts]))
+        seq = [rep(sub, REPEAT_PIECE, REPEAT_PIECE) for _ in range(q)] + [add([_EXPR_RULE_REF, 1, nxt])]
+        out[k] = [_EXPR_RULE_REF, 1, new_rule(f"{base}_pieces", add([_EXPR_CHOICES, 1, add([_EXPR_SEQUENCE, len(seq), *seq])]))]
     flat, ptr = [], []
     for e in out:
         ptr.append(len(flat))

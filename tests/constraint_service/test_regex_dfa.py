@@ -15,7 +15,7 @@ from constraint_service.compiler import ConstraintCompiler
 from constraint_service.regex import (REGEX_DFA_STATES, ast_to_expr, build_nfa, full_ast, minimize, nfa_matches,
                                       parse_regex, product_dfa, regex_to_ebnf)
 from constraint_service.regex.automaton import DFA
-from constraint_service.regex.ebnf import REPEAT_PIECE, repeat
+from constraint_service.regex.ebnf import REPEAT_PIECE, repeat, repeat_chain
 from constraint_service.session import OutputSession
 from constraint_service.types import READY, ConstraintSpec, bitmask_words
 from constraint_service.vocab import Vocabulary
@@ -167,20 +167,55 @@ def test_structural_form_splits_every_repetition_over_128():
     # positive or negated (see ebnf.REPEAT_PIECE)
     for pattern in (r"[ 0-9A-Za-z\u4e00-\u9fff]{0,1000}", r"[^\n]{0,1000}", r"[\s\S]{0,1000}", r"(a|\u4e00){0,1000}"):
         text = regex_to_ebnf(pattern)
-        assert "(= [])" not in text and text.count("{0,128}") == 7 and "{0,104}" in text, (pattern, text)
+        # the chain: 7 levels "x{0,127} | x{128,128} (...)" and the last x{0,104}
+        assert "(= [])" not in text and text.count("{0,127}") == 7 and text.count("{128,128}") == 7, (pattern, text)
+        assert "{0,104}" in text and not re.search(r"\{\d*,?(129|1[3-9]\d|[2-9]\d\d|\d{4,})\}", text)
 
 
 @pytest.mark.parametrize("lo,hi", [(0, 300), (0, 129), (5, 300), (200, 300), (300, 300), (0, 256), (129, None),
-                                   (200, None), (0, 128), (3, 17)])
+                                   (200, None), (0, 128), (3, 17), (256, 256), (128, 300), (127, 1000)])
 def test_split_repetition_counts_the_same_lengths(lo, hi):
     text = repeat('"a"', lo, hi, split=True)
     counts = [tuple(int(x) if x else None for x in m.split(",")) for m in re.findall(r"\{([0-9,]*)\}", text)]
     assert all(c <= REPEAT_PIECE for lo_hi in counts for c in lo_hi if c is not None)
-    assert sum(c[0] for c in counts) == lo
+    q, levels = repeat_chain(lo, hi)
+    # unambiguous: every length has one parse (the chain's levels take disjoint length ranges)
+    lengths = [q * REPEAT_PIECE]
+    parses: dict[int, int] = {}
+
+    def walk(k: int, base: int) -> None:
+        a, b = levels[k]
+        if k == len(levels) - 1:
+            top = (b if b is not None else a + 5)
+            for n in range(a, top + 1):
+                parses[base + n] = parses.get(base + n, 0) + 1
+            return
+        for n in range(a, b + 1):
+            parses[base + n] = parses.get(base + n, 0) + 1
+        walk(k + 1, base + REPEAT_PIECE)
+
+    walk(0, lengths[0])
+    assert set(parses.values()) == {1} and min(parses) == lo
+    assert hi is None or max(parses) == hi
     acc = language_checker(f"root ::= {text}\n")
     top = (hi if hi is not None else lo) + 3
     for n in range(max(0, lo - 3), top + 1):
         assert acc("a" * n) == (n >= lo and (hi is None or n <= hi)), (lo, hi, n)
+
+
+def test_past_the_nesting_limit_the_flat_pieces_are_written():
+    from constraint_service.regex.ebnf import CHAIN_NEST_LIMIT
+
+    hi = REPEAT_PIECE * (CHAIN_NEST_LIMIT + 2)  # CHAIN_NEST_LIMIT + 1 alternation levels
+    assert len(repeat_chain(0, hi)[1]) - 1 > CHAIN_NEST_LIMIT
+    text = repeat('"a"', 0, hi, split=True)
+    assert "|" not in text and text.count("{0,128}") == CHAIN_NEST_LIMIT + 2
+    acc = language_checker(f"root ::= {text}\n")
+    for n in (0, 1, 127, 128, 129, 1000, hi - 1, hi):
+        assert acc("a" * n), n
+    assert not acc("a" * (hi + 1))
+    nested = repeat('"a"', 0, hi - REPEAT_PIECE, split=True)  # at the limit: nested
+    assert nested.count("|") == CHAIN_NEST_LIMIT
 
 
 # a vocabulary with tokens that cross the regexes' character boundaries (and carry the newlines that
