@@ -138,11 +138,14 @@ def repeat_chain(lo: int, hi: int | None) -> tuple[int, list[tuple[int, int | No
     """``(q, levels)`` with ``x{lo,hi}`` = ``x{128,128}`` q times, then ``C_0``, where ``C_k`` =
     ``x{l_k,127} | x{128,128} C_k+1`` for every level but the last, and the last ``C`` = ``x{l,h}`` (``h``
     None: unbounded). Every count is at most :data:`REPEAT_PIECE`; a count already within it gives
-    ``(0, [(lo, hi)])``; a last level ``(0, 0)`` is the empty string.
+    ``(0, [(lo, hi)])``; a last level ``(0, 0)`` is the empty string. Raises ``ValueError`` unless
+    ``0 <= lo <= hi``.
 
     The lengths are exactly lo..hi: ``C_k`` takes ``[l_k, 127]`` or ``128 + C_k+1``'s, disjoint ranges
     (so each length has one parse), and together contiguous.
     """
+    if lo < 0 or (hi is not None and hi < lo):
+        raise ValueError(f"repeat counts need 0 <= lo <= hi, got {lo}, {hi}")
     if lo <= REPEAT_PIECE and (hi is None or hi <= REPEAT_PIECE):
         return 0, [(lo, hi)]
     q = lo // REPEAT_PIECE
@@ -162,7 +165,13 @@ def repeat_chain(lo: int, hi: int | None) -> tuple[int, list[tuple[int, int | No
 def repeat_pieces(lo: int, hi: int | None) -> list[tuple[int, int | None]]:
     """The counts ``[(lo_i, hi_i)]`` of a sequence of counted repetitions equal to ``x{lo,hi}``, none of them
     over :data:`REPEAT_PIECE` (hi None: unbounded, the last piece only): x^i x^j = x^(i+j), so the lengths are
-    exactly lo..hi, but a length has many parses. Used only past :data:`CHAIN_NEST_LIMIT` levels."""
+    exactly lo..hi, but a length has many parses. Used only past :data:`CHAIN_NEST_LIMIT` levels.
+
+    Raises:
+        ValueError: unless ``0 <= lo <= hi``.
+    """
+    if lo < 0 or (hi is not None and hi < lo):
+        raise ValueError(f"repeat counts need 0 <= lo <= hi, got {lo}, {hi}")
     out = []
     while lo > REPEAT_PIECE or (hi is not None and hi > REPEAT_PIECE):
         n = min(lo, REPEAT_PIECE)
@@ -237,8 +246,10 @@ def ast_to_expr(node, json_mode: bool, expand: bool = False) -> str:
             return '""'
         if (lo, hi) == (1, 1):
             return inner
-        split = not json_mode
-        return "(" + repeat("(" + inner + ")", lo, hi, expand, split=split) + ")"
+        # counts over REPEAT_PIECE as the unambiguous chain, in both modes: a JSON Schema `pattern` over the DFA
+        # limit (emit.py) got xgrammar's unsound masks too (^[a-z\u4e00-\u9fff]{0,600}$: 25 SmolLM2 tokens such
+        # as "assertFalse" allowed after the opening quote, then rejected)
+        return "(" + repeat("(" + inner + ")", lo, hi, expand, split=True) + ")"
     raise ValueError(kind)
 
 

@@ -148,6 +148,22 @@ def test_the_dfa_is_not_attempted_past_the_nfa_bound(monkeypatch):
     assert len(calls) == 1
 
 
+def test_star_closed_repeats_collapse_before_the_dfa():
+    # (a*){3000}: a one-state DFA whose Thompson NFA is past REGEX_NFA_STATES; its structural form matched 9
+    # characters in 21 s. R{m,n} of a star-closed R is R (collapse_closed_repeats): the DFA form again.
+    import constraint_service.regex as rx
+
+    for pattern, words in (("(a*){3000}", ["", "a", "a" * 500]), ("((ab)*){2,900}c", ["c", "ababc"]),
+                           ("((a*){20}b){3}", ["bbb", "abaab" + "a" * 50 + "b"])):
+        text = rx.regex_to_ebnf(pattern)
+        assert "(= [])" in text, (pattern, text)
+        acc = language_checker(text)
+        for w in words + ["x", "ba", "aab"]:
+            assert acc(w) == (re.fullmatch(pattern, w) is not None), (pattern, w)
+    # not star-closed: kept as counted ((a|b)? is not (a|b)?*)
+    assert rx.collapse_closed_repeats(full_ast(parse_regex("(a|b?){3}"))) == full_ast(parse_regex("(a|b?){3}"))
+
+
 def test_dfa_rules_past_the_text_bound_give_the_structural_form():
     import constraint_service.regex as rx
 
@@ -339,6 +355,16 @@ def test_gbnf_long_repetitions_keep_their_language(lo, hi):
         assert acc("<" + "bc" * n + ">") == want, (lo, hi, n)
         if n:
             assert acc("<" + "bc" + "a" * (n - 1) + ">") == want, (lo, hi, n)
+
+
+@pytest.mark.parametrize("pattern", [r"^[a-z\u4e00-\u9fff]{0,600}$", r"^[a-z\u4e00-\u9fff]{0,300}x{0,300}$"])
+def test_json_pattern_long_repetitions_every_allowed_token_is_accepted(pattern, compiler):
+    # a JSON Schema pattern over the DFA limit is written structurally (json_schema/emit.py); its counts over 128
+    # went to xgrammar as given and allowed tokens its matcher rejected ("status=", "k\n" after the quote)
+    import json
+
+    _every_allowed_token_is_accepted(compiler, ConstraintSpec("json_schema", json.dumps({"type": "string",
+                                                                                       "pattern": pattern})))
 
 
 def _every_allowed_token_is_accepted(compiler, spec):
