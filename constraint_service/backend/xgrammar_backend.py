@@ -164,6 +164,73 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
     return xgr.Grammar.deserialize_json(json.dumps(data))
 
 
+_EXPR_RULE_REF, _EXPR_SEQUENCE, _EXPR_CHOICES, _EXPR_REPEAT = 4, 5, 6, 8
+
+
+def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
+    """Return ``grammar`` with every character class that can match a non-ASCII character, and that follows a
+    rule reference or a repetition in its sequence, moved into a rule of its own (the same language).
+
+    xgrammar 0.2.9's token masks go wrong for that shape: ``root ::= "a" ("bce" | "ab") [\u4e00-\u9fff] "x"``
+    after ``abc`` allows ``er`` (``e`` ends the alternative, ``r`` is no CJK character), which its matcher then
+    rejects, ending the request with an integrity error. Over 80 random grammars of that shape (literal,
+    alternation, a class of 3-byte characters, a tail; a test vocabulary with tokens across the boundary), 34
+    had such masks on 8-token walks; with the class in a rule of its own, none (and 0 of 80 on another seed;
+    ``tests/constraint_service/test_regex_dfa.py``). None of 2,018 JSON Schema dev grammars (every fourth) has
+    the shape. Returns the same object when nothing applies.
+    """
+    data = json.loads(grammar.serialize_json())
+    exprs, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    bounds = list(indptr) + [len(exprs)]
+    out = [exprs[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
+    rules = data["rules"]
+    names = {r[0] for r in rules}
+    owner: dict[int, str] = {}  # expr id -> name of a rule whose body holds it (for readable new names)
+    for r in rules:
+        owner.setdefault(r[1], r[0])
+
+    def multibyte(e: list) -> bool:
+        if not e or e[0] not in (_EXPR_CHAR_CLASS, _EXPR_CHAR_CLASS_STAR):
+            return False
+        ranges = e[3: 2 + e[1]]
+        return bool(e[2]) or any(ranges[j + 1] >= 0x80 for j in range(0, len(ranges), 2))
+
+    changed = False
+    for k in range(len(indptr)):
+        e = out[k]
+        if not e or e[0] != _EXPR_SEQUENCE:
+            continue
+        items = list(e[2: 2 + e[1]])
+        seen_ref = False
+        for j, el in enumerate(items):
+            kind = out[el][0] if out[el] else None
+            if seen_ref and multibyte(out[el]):
+                body = len(out)
+                out.append([_EXPR_SEQUENCE, 1, el])
+                out.append([_EXPR_CHOICES, 1, body])
+                base = f"{owner.get(k, 'seq')}_class_{el}"
+                name, i = base, 1
+                while name in names:
+                    i += 1
+                    name = f"{base}_{i}"
+                names.add(name)
+                rules.append([name, body + 1, -1, False, -1, -1, "", False, None])
+                out.append([_EXPR_RULE_REF, 1, len(rules) - 1])
+                items[j] = len(out) - 1
+                changed = True
+            if kind in (_EXPR_RULE_REF, _EXPR_REPEAT):
+                seen_ref = True
+        out[k] = [_EXPR_SEQUENCE, len(items), *items]
+    if not changed:
+        return grammar
+    flat, ptr = [], []
+    for e in out:
+        ptr.append(len(flat))
+        flat.extend(e)
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = flat, ptr
+    return xgr.Grammar.deserialize_json(json.dumps(data))
+
+
 #: padding ids (``V - len(token_bytes)``) from which xgrammar is given the tokenizer's own size (narrow fills;
 #: see the module docstring). Below it the per-fill cost of the padding is small (Qwen3: 267 ids).
 NARROW_FILL_MIN_PADDING = 1024
@@ -263,7 +330,8 @@ class XGrammarBackend:
         """Compile a parsed grammar against this vocabulary (GIL released).
 
         Surrogate code points are removed from character classes first
-        (:func:`exclude_surrogates`).
+        (:func:`exclude_surrogates`), and non-ASCII classes after a rule reference get a rule of their own
+        (:func:`isolate_multibyte_classes`, an xgrammar 0.2.9 mask bug).
 
         Args:
             grammar: from :meth:`parse_ebnf` (or ``gbnf.parse_gbnf``).
@@ -279,7 +347,7 @@ class XGrammarBackend:
             ConstraintError: ``error_kind`` when xgrammar rejects it at compile time.
         """
         source = grammar
-        grammar = exclude_surrogates(grammar, kind=error_kind)
+        grammar = isolate_multibyte_classes(exclude_surrogates(grammar, kind=error_kind))
         compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, int(threads)), cache_enabled=False)
         try:
             compiled = compiler.compile_grammar(grammar)
