@@ -169,7 +169,8 @@ _EXPR_RULE_REF, _EXPR_SEQUENCE, _EXPR_CHOICES, _EXPR_REPEAT = 4, 5, 6, 8
 
 def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
     """Return ``grammar`` with every character class that can match a non-ASCII character, and that follows a
-    rule reference or a repetition in its sequence, moved into a rule of its own (the same language).
+    rule reference or a repetition in its sequence or is in a lookahead, moved into a rule of its own (the same
+    language).
 
     xgrammar 0.2.9's token masks go wrong for that shape: ``root ::= "a" ("bce" | "ab") [\u4e00-\u9fff] "x"``
     after ``abc`` allows ``er`` (``e`` ends the alternative, ``r`` is no CJK character), which its matcher then
@@ -195,13 +196,16 @@ def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
         ranges = e[3: 2 + e[1]]
         return bool(e[2]) or any(ranges[j + 1] >= 0x80 for j in range(0, len(ranges), 2))
 
+    # a lookahead's sequence: every class in it, its first too (`r ::= ("bce" | "ab") (= [\u4e00-\u9fff] "x")`
+    # gave the same unsound masks after `abc` with the SmolLM2 vocabulary; with the class in a rule, none)
+    lookaheads = {r[2] for r in rules if r[2] is not None and r[2] >= 0}
     changed = False
     for k in range(len(indptr)):
         e = out[k]
         if not e or e[0] != _EXPR_SEQUENCE:
             continue
         items = list(e[2: 2 + e[1]])
-        seen_ref = False
+        seen_ref = k in lookaheads
         for j, el in enumerate(items):
             kind = out[el][0] if out[el] else None
             if seen_ref and multibyte(out[el]):
