@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import xgrammar as xgr
 
 from .backend import XGrammarBackend
+from .backend.xgrammar_backend import GrammarEdit
 from .errors import ConstraintError
 from .regex.ebnf import REPEAT_PIECE, repeat_chain
 from .vocab import Vocabulary
@@ -342,57 +343,34 @@ def _split_long_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
     checks. The repetition's expression becomes a reference to a new rule (named after the repeated rule), so
     whatever held it is unchanged. Returns ``grammar`` itself when nothing applies.
     """
-    data = json.loads(grammar.serialize_json())
-    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
-    bounds = list(indptr) + [len(exprs_data)]
-    rules = data["rules"]
-    long = []
-    for k in range(len(indptr)):
-        e = exprs_data[bounds[k]: bounds[k + 1]]
-        if e and e[0] == _EXPR_REPEAT and (e[3] > REPEAT_PIECE or e[4] > REPEAT_PIECE):  # e[4] -1: unbounded
-            long.append(k)
+    g = GrammarEdit(grammar)
+    out = g.exprs
+    long = [k for k, e in enumerate(out)
+            if e and e[0] == _EXPR_REPEAT and (e[3] > REPEAT_PIECE or e[4] > REPEAT_PIECE)]  # e[4] -1: unbounded
     if not long:
         return grammar
-    out = [exprs_data[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
-    names = {r[0] for r in rules}
-
-    def add(expr: list) -> int:
-        out.append(expr)
-        return len(out) - 1
-
-    def new_rule(base: str, body: int) -> int:
-        name, i = base, 1
-        while name in names:
-            i += 1
-            name = f"{base}_{i}"
-        names.add(name)
-        rules.append([name, body, -1, False, -1, -1, "", False, None])
-        return len(rules) - 1
 
     def rep(sub: int, a: int, b: int | None) -> int:
-        return add([_EXPR_REPEAT, 3, sub, a, -1 if b is None else b])
+        return g.add([_EXPR_REPEAT, 3, sub, a, -1 if b is None else b])
 
     for k in long:
         _, _, sub, lo, hi = out[k]
-        base = rules[sub][0]
+        base = g.rules[sub][0]
         q, levels = repeat_chain(lo, None if hi == -1 else hi)
         nxt = None  # rule id of the level after this one (None: the last level)
         for j in range(len(levels) - 1, -1, -1):
             a, b = levels[j]
             if nxt is None:
-                alts = [add([_EXPR_EMPTY, 0]) if (a, b) == (0, 0) else add([_EXPR_SEQUENCE, 1, rep(sub, a, b)])]
+                alts = [g.add([_EXPR_EMPTY, 0]) if (a, b) == (0, 0) else g.add([_EXPR_SEQUENCE, 1, rep(sub, a, b)])]
             else:
-                alts = [add([_EXPR_SEQUENCE, 1, rep(sub, a, b)]),
-                        add([_EXPR_SEQUENCE, 2, rep(sub, REPEAT_PIECE, REPEAT_PIECE), add([_EXPR_RULE_REF, 1, nxt])])]
-            nxt = new_rule(f"{base}_chain{j}", add([_EXPR_CHOICES, len(alts), *alts]))
-        seq = [rep(sub, REPEAT_PIECE, REPEAT_PIECE) for _ in range(q)] + [add([_EXPR_RULE_REF, 1, nxt])]
-        out[k] = [_EXPR_RULE_REF, 1, new_rule(f"{base}_pieces", add([_EXPR_CHOICES, 1, add([_EXPR_SEQUENCE, len(seq), *seq])]))]
-    flat, ptr = [], []
-    for e in out:
-        ptr.append(len(flat))
-        flat.extend(e)
-    data["grammar_expr_data"], data["grammar_expr_indptr"] = flat, ptr
-    return xgr.Grammar.deserialize_json(json.dumps(data))
+                then = g.add([_EXPR_RULE_REF, 1, nxt])
+                alts = [g.add([_EXPR_SEQUENCE, 1, rep(sub, a, b)]),
+                        g.add([_EXPR_SEQUENCE, 2, rep(sub, REPEAT_PIECE, REPEAT_PIECE), then])]
+            nxt = g.new_rule(f"{base}_chain{j}", g.add([_EXPR_CHOICES, len(alts), *alts]))
+        seq = [rep(sub, REPEAT_PIECE, REPEAT_PIECE) for _ in range(q)] + [g.add([_EXPR_RULE_REF, 1, nxt])]
+        body = g.add([_EXPR_CHOICES, 1, g.add([_EXPR_SEQUENCE, len(seq), *seq])])
+        out[k] = [_EXPR_RULE_REF, 1, g.new_rule(f"{base}_pieces", body)]
+    return g.grammar()
 
 
 def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":

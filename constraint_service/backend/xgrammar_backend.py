@@ -167,6 +167,44 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
 _EXPR_RULE_REF, _EXPR_SEQUENCE, _EXPR_CHOICES, _EXPR_REPEAT = 4, 5, 6, 8
 
 
+class GrammarEdit:
+    """xgrammar 0.2.9's serialized grammar (``Grammar.serialize_json``, format v18) opened for rewriting:
+    ``exprs[k]`` is expression k as a list (``[type, n, ...]``), ``rules`` the rule records. New expressions
+    and rules are appended (existing ids stay valid); :meth:`grammar` writes the result back."""
+
+    def __init__(self, grammar: "xgr.Grammar") -> None:
+        self.data = json.loads(grammar.serialize_json())
+        flat, indptr = self.data["grammar_expr_data"], self.data["grammar_expr_indptr"]
+        bounds = list(indptr) + [len(flat)]
+        self.exprs: list[list] = [flat[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
+        self.rules: list[list] = self.data["rules"]
+        self._names = {r[0] for r in self.rules}
+
+    def add(self, expr: list) -> int:
+        """Append an expression; its id."""
+        self.exprs.append(expr)
+        return len(self.exprs) - 1
+
+    def new_rule(self, base: str, body: int) -> int:
+        """Append a rule (no lookahead) named ``base`` or ``base_2``, ``base_3``... (the first unused);
+        its id."""
+        name, i = base, 1
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        self.rules.append([name, body, -1, False, -1, -1, "", False, None])
+        return len(self.rules) - 1
+
+    def grammar(self) -> "xgr.Grammar":
+        flat, ptr = [], []
+        for e in self.exprs:
+            ptr.append(len(flat))
+            flat.extend(e)
+        self.data["grammar_expr_data"], self.data["grammar_expr_indptr"] = flat, ptr
+        return xgr.Grammar.deserialize_json(json.dumps(self.data))
+
+
 def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
     """Return ``grammar`` with every character class that can match a non-ASCII character, and that follows a
     rule reference or a repetition in its sequence or is in a lookahead, moved into a rule of its own (the same
@@ -180,12 +218,8 @@ def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
     ``tests/constraint_service/test_regex_dfa.py``). None of 2,018 JSON Schema dev grammars (every fourth) has
     the shape. Returns the same object when nothing applies.
     """
-    data = json.loads(grammar.serialize_json())
-    exprs, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
-    bounds = list(indptr) + [len(exprs)]
-    out = [exprs[bounds[k]: bounds[k + 1]] for k in range(len(indptr))]
-    rules = data["rules"]
-    names = {r[0] for r in rules}
+    g = GrammarEdit(grammar)
+    out, rules = g.exprs, g.rules
     owner: dict[int, str] = {}  # expr id -> name of a rule whose body holds it (for readable new names)
     for r in rules:
         owner.setdefault(r[1], r[0])
@@ -200,7 +234,7 @@ def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
     # gave the same unsound masks after `abc` with the SmolLM2 vocabulary; with the class in a rule, none)
     lookaheads = {r[2] for r in rules if r[2] is not None and r[2] >= 0}
     changed = False
-    for k in range(len(indptr)):
+    for k in range(len(g.data["grammar_expr_indptr"])):  # the grammar's own expressions, not the added ones
         e = out[k]
         if not e or e[0] != _EXPR_SEQUENCE:
             continue
@@ -209,30 +243,13 @@ def isolate_multibyte_classes(grammar: "xgr.Grammar") -> "xgr.Grammar":
         for j, el in enumerate(items):
             kind = out[el][0] if out[el] else None
             if seen_ref and multibyte(out[el]):
-                body = len(out)
-                out.append([_EXPR_SEQUENCE, 1, el])
-                out.append([_EXPR_CHOICES, 1, body])
-                base = f"{owner.get(k, 'seq')}_class_{el}"
-                name, i = base, 1
-                while name in names:
-                    i += 1
-                    name = f"{base}_{i}"
-                names.add(name)
-                rules.append([name, body + 1, -1, False, -1, -1, "", False, None])
-                out.append([_EXPR_RULE_REF, 1, len(rules) - 1])
-                items[j] = len(out) - 1
+                body = g.add([_EXPR_CHOICES, 1, g.add([_EXPR_SEQUENCE, 1, el])])
+                items[j] = g.add([_EXPR_RULE_REF, 1, g.new_rule(f"{owner.get(k, 'seq')}_class_{el}", body)])
                 changed = True
             if kind in (_EXPR_RULE_REF, _EXPR_REPEAT):
                 seen_ref = True
         out[k] = [_EXPR_SEQUENCE, len(items), *items]
-    if not changed:
-        return grammar
-    flat, ptr = [], []
-    for e in out:
-        ptr.append(len(flat))
-        flat.extend(e)
-    data["grammar_expr_data"], data["grammar_expr_indptr"] = flat, ptr
-    return xgr.Grammar.deserialize_json(json.dumps(data))
+    return g.grammar() if changed else grammar
 
 
 #: padding ids (``V - len(token_bytes)``) from which xgrammar is given the tokenizer's own size (narrow fills;
