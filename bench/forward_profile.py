@@ -3,7 +3,9 @@ per-kernel breakdown and the fraction of the HBM-bandwidth bound (issue 12, "a r
 
 For each (shape, batch, context): one ``T=1`` decode step replayed from a CUDA graph, ``--steps`` steps
 after warm-up, ``--repeats`` times (median and spread), for ``attention="reference"`` (gather + SDPA,
-unfused norm/RoPE/SiLU: the pre-issue-12 forward) and ``"triton"`` (paged kernel + fused ops); then
+unfused norm/RoPE/SiLU: the pre-issue-12 forward), ``"triton"`` with cuBLAS for every projection
+(``triton_cublas``) and ``"triton"`` as served (paged kernel + fused ops + the Triton GEMV of
+:mod:`gpu_engine.model.gemv` for one-row forwards); then
 one eager step under ``torch.profiler`` for kernels per step, GPU busy time and the top kernels.
 Random weights (bf16) — say so next to any figure. Bound = (parameter bytes + live KV bytes) / 4.8 TB/s
 (``bench_common.hbm_bound_ms``, the engine bench's definition).
@@ -30,7 +32,9 @@ from model_bench import decode_step_seconds  # noqa: E402
 SHAPES = [("smollm2-135m-random", 1, 256), ("smollm2-135m-random", 64, 256), ("smollm2-135m-random", 128, 256),
           ("qwen3-0.6b-random", 1, 1024), ("qwen3-0.6b-random", 64, 1024),
           ("llama-8b-random", 1, 1024), ("llama-8b-random", 64, 512)]
-BACKENDS = ("reference", "triton")
+#: (arm, attention backend, GEMV rows limit or None for the model's default): eager torch, the fused path
+#: with cuBLAS for every projection, and the fused path as served (Triton GEMV for one-row forwards)
+ARMS = (("reference", "reference", None), ("triton_cublas", "triton", 0), ("triton", "triton", None))
 
 
 def kernel_profile(model, batch: int, context: int, seq: int, steps: int = 5) -> dict:
@@ -79,15 +83,20 @@ def main(argv: list[str] | None = None) -> None:
         model.kv.reserve_all()
         bound = hbm_bound_ms(weight_bytes(model), batch * (context + steps / 2), kv_bytes_per_token(model.config, 2))
         row = dict(model=name, random_weights=True, batch=batch, context=context, hbm_bound_ms=bound)
-        for backend in BACKENDS:
+        default_rows = model.gemv_max_rows
+        for arm, backend, gemv_rows in ARMS:
             model.set_attention(backend)
+            model.gemv_max_rows = default_rows if gemv_rows is None else gemv_rows
             ms = spread([decode_step_seconds(model, batch, context, steps, graph=True) * 1e3 for _ in range(repeats)])
-            row[backend] = dict(step_ms=ms, bound_ratio=ms["median"] / bound, **kernel_profile(model, batch, context, seq))
+            row[arm] = dict(step_ms=ms, bound_ratio=ms["median"] / bound, **kernel_profile(model, batch, context, seq))
+        model.gemv_max_rows = default_rows
         row["speedup"] = row["reference"]["step_ms"]["median"] / row["triton"]["step_ms"]["median"]
+        row["gemv_speedup"] = row["triton_cublas"]["step_ms"]["median"] / row["triton"]["step_ms"]["median"]
         rows.append(row)
-        r, t = row["reference"], row["triton"]
+        r, t, tc = row["reference"], row["triton"], row["triton_cublas"]
         print(f"{name:20s} B={batch:<3d} ctx={context:<5d} reference {fmt_spread(r['step_ms'], '{:.3f}')} ms "
-              f"({r['kernels_per_step']:.0f} kernels)  triton {fmt_spread(t['step_ms'], '{:.3f}')} ms "
+              f"({r['kernels_per_step']:.0f} kernels)  triton+cuBLAS {fmt_spread(tc['step_ms'], '{:.3f}')} ms  "
+              f"triton {fmt_spread(t['step_ms'], '{:.3f}')} ms "
               f"({t['kernels_per_step']:.0f} kernels)  x{row['speedup']:.2f}  bound {bound:.3f} ms "
               f"-> {t['bound_ratio']:.2f}x bound", flush=True)
         for k in t["top"][:5]:

@@ -52,3 +52,21 @@ def test_newest_orders_by_the_recorded_date_not_the_mtime(tmp_path: Path, monkey
     assert readme_tables.newest("cpu_bench", prefer="cpu_bench_").name == "cpu_bench_a.json"
     (tmp_path / "cpu_bench_d.json").write_text(json.dumps({"date": "2026-12-02T00:00:00Z"}))
     assert readme_tables.newest("cpu_bench", prefer="cpu_bench_").name == "cpu_bench_d.json"
+
+
+def test_forward_table_shows_the_cublas_arm_only_when_measured() -> None:
+    import json
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_tables
+
+    new = json.loads((ROOT / "bench" / "results" / "forward_profile_h200.json").read_text())
+    old = json.loads((ROOT / "bench" / "results" / "forward_profile_h200_f93ac52.json").read_text())
+    t_new, t_old = readme_tables.forward_table(new), readme_tables.forward_table(old)
+    assert "fused, cuBLAS GEMMs" in t_new and "fused, cuBLAS GEMMs" not in t_old
+    # every data row has as many cells as its header
+    for table in (t_new, t_old):
+        rows = [line for line in table.splitlines() if line.startswith("|")]
+        assert len({line.count("|") for line in rows}) == 1, table
+    qwen1 = next(r for r in new["rows"] if r["model"] == "qwen3-0.6b-random" and r["batch"] == 1)
+    assert f"{qwen1['triton_cublas']['step_ms']['median']:.2f}" in t_new

@@ -22,6 +22,7 @@ from torch import nn
 
 from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.fused_ops import add_rms_norm, rope_kv_write, silu_mul
+from gpu_engine.model.gemv import add_rms_norm_gemv, gemv, gemv_max_rows, norm_fusion_pays
 from gpu_engine.model.kv_cache import DEFAULT_BLOCK_SIZE, PagedKVCache
 from gpu_engine.model.paged_attention import paged_attention_reference, paged_attention_triton, triton_available
 
@@ -139,6 +140,9 @@ class LlamaModel(nn.Module):
         self.kv = PagedKVCache(c.num_layers, c.num_kv_heads, hd, max_lanes=self.max_lanes,
                                max_seq_len=self.max_seq_len, block_size=block_size, num_blocks=num_blocks,
                                device=self.device, dtype=dtype)
+        #: forwards of at most this many token rows use the Triton GEMV on the fused path
+        #: (:data:`~gpu_engine.model.gemv.GEMV_MAX_ROWS`, ``NINFER_GEMV_MAX_ROWS``; 0 = cuBLAS always)
+        self.gemv_max_rows = gemv_max_rows()
         self.set_attention(attention)
         inv = rope_inv_freq(c)
         ang = torch.outer(torch.arange(self.max_seq_len, dtype=torch.float64), inv)
@@ -338,21 +342,34 @@ class LlamaModel(nn.Module):
         """The same layers as the eager loop of :meth:`forward` with the fused kernels of
         :mod:`gpu_engine.model.fused_ops`: per layer two add+RMSNorm, one RoPE + KV write, one
         SiLU-and-multiply, four GEMMs and the attention. The residual stream ``x`` ``[B, T, H]`` is
-        updated in place; each layer's output projection is added by the next norm."""
+        updated in place; each layer's output projection is added by the next norm. With at most
+        ``gemv_max_rows`` token rows the four projections are Triton GEMVs (:mod:`gpu_engine.model.gemv`):
+        the add + RMSNorm runs inside the qkv and gate/up ones (the residual is then a new tensor each
+        time) and the SiLU-and-multiply inside the down projection's."""
         c = self.config
         B, T, _ = x.shape
         # the Triton paged kernel serves decode/verify rows; prefill calls (last_only / logit_index) keep
         # gather + SDPA whatever their length, so a prompt gets the same numbers in an eager prefill of its
         # own length and in a padded prefill graph
         use_kernel = T <= TRITON_MAX_T and not last_only and logit_index is None
+        # one token row (B = 1 decode): the layer projections are GEMVs (gpu_engine/model/gemv.py), with the
+        # add + RMSNorm inside the qkv and gate/up ones and the SiLU inside the down one
+        small = B * T <= self.gemv_max_rows
+        fuse_norm = small and x.is_contiguous() and norm_fusion_pays(self.q_size + 2 * self.kv_size, c.hidden_size) \
+            and norm_fusion_pays(2 * c.intermediate_size, c.hidden_size)
+        linear = gemv if small else F.linear
         nh, hd, eps = c.num_heads, c.head_dim, c.rms_norm_eps
         kv = self.kv
         pos_flat = pos.reshape(-1)
         delta = None
         for li in range(L):
             layer = self.layers[li]
-            h = add_rms_norm(x, delta, layer.attn_norm, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(B * T, -1)
+            if fuse_norm:  # x is rebound to the new residual (a new tensor), not updated in place
+                qkv, x = add_rms_norm_gemv(x, delta, layer.attn_norm, eps, layer.qkv, layer.qkv_bias)
+                qkv = qkv.view(B * T, -1)
+            else:
+                h = add_rms_norm(x, delta, layer.attn_norm, eps)
+                qkv = linear(h, layer.qkv, layer.qkv_bias).view(B * T, -1)
             kp, vp = kv.k[li], kv.v[li]
             q = rope_kv_write(qkv, pos_flat, slots, self.rope_cos, self.rope_sin, kp, vp, nh,
                               layer.q_norm, layer.k_norm, eps).view(B, T, nh, hd)
@@ -361,9 +378,16 @@ class LlamaModel(nn.Module):
             else:
                 o = paged_attention_reference(q.transpose(1, 2), kp, vp, kv.block_table, lanes, pos, ctx)
                 o = o.transpose(1, 2)
-            delta = F.linear(o.reshape(B, T, self.q_size), layer.o)
-            h = add_rms_norm(x, delta, layer.mlp_norm, eps)
-            delta = F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
+            delta = linear(o.reshape(B, T, self.q_size), layer.o)
+            if fuse_norm:
+                gate_up, x = add_rms_norm_gemv(x, delta, layer.mlp_norm, eps, layer.gate_up)
+                delta = gemv(gate_up, layer.down, silu_input=True)
+            elif small:
+                h = add_rms_norm(x, delta, layer.mlp_norm, eps)
+                delta = gemv(gemv(h, layer.gate_up), layer.down, silu_input=True)
+            else:
+                h = add_rms_norm(x, delta, layer.mlp_norm, eps)
+                delta = F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
         if delta is not None:
             if logit_index is None and not last_only:  # every position: the last add fused into the final norm
                 return F.linear(add_rms_norm(x, delta, self.norm, eps), self.lm_head).float()
