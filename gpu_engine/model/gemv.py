@@ -25,6 +25,7 @@ Used by :meth:`~gpu_engine.model.llama.LlamaModel._forward_fused` for forwards o
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -57,7 +58,7 @@ def gemv_max_rows() -> int:
     v = os.environ.get("NINFER_GEMV_MAX_ROWS", "").strip()
     if not v:
         return GEMV_MAX_ROWS
-    if not v.isdigit():
+    if not (v.isascii() and v.isdigit()):  # isdigit alone takes other scripts' digits and "\u00b2"
         raise ValueError(f"NINFER_GEMV_MAX_ROWS must be an integer >= 0, got {v!r}")
     return int(v)
 
@@ -92,6 +93,7 @@ def _kernel():
         rows = tl.arange(0, M_P2)
         acc = tl.zeros([M_P2, BLOCK_N], tl.float32)
         wrow = w_ptr + rn.to(tl.int64)[:, None] * K
+        sx = tl.cast(SX, tl.int64)  # row offsets m * SX in int64: a strided x can have 7 * SX >= 2**31
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + rk
             kmask = kk < K
@@ -101,12 +103,12 @@ def _kernel():
             for m in tl.static_range(M_P2):
                 xm = kmask & (tl.full([BLOCK_K], m, tl.int32) < M)
                 if SILU:
-                    g = tl.load(x_ptr + m * SX + kk, mask=xm, other=0.0).to(tl.float32)
-                    u = tl.load(x_ptr + m * SX + K + kk, mask=xm, other=0.0).to(tl.float32)
+                    g = tl.load(x_ptr + m * sx + kk, mask=xm, other=0.0).to(tl.float32)
+                    u = tl.load(x_ptr + m * sx + K + kk, mask=xm, other=0.0).to(tl.float32)
                     s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
                     x = (s * u).to(dt).to(tl.float32)
                 elif NORM:  # one K tile (checked by the caller): the row's add + RMSNorm, as add_rms_norm
-                    x = tl.load(x_ptr + m * SX + kk, mask=xm, other=0.0)
+                    x = tl.load(x_ptr + m * sx + kk, mask=xm, other=0.0)
                     if HAS_D:
                         d = tl.load(d_ptr + m * K + kk, mask=xm, other=0.0)
                         x = (x.to(tl.float32) + d.to(tl.float32)).to(dt)
@@ -117,7 +119,7 @@ def _kernel():
                     nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
                     x = (nw * (xf * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
                 else:
-                    x = tl.load(x_ptr + m * SX + kk, mask=xm, other=0.0).to(tl.float32)
+                    x = tl.load(x_ptr + m * sx + kk, mask=xm, other=0.0).to(tl.float32)
                 part = tl.sum(w * x[None, :], axis=1)
                 acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
         if HAS_B:
@@ -133,21 +135,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """``F.linear(x, weight, bias)`` for few rows, as a Triton GEMV (float32 accumulation).
 
     Args:
-        x: ``[..., K]`` (or ``[..., 2K]`` with ``silu_input``), model dtype, unit last stride.
+        x: ``[..., K]`` (or ``[..., 2K]`` with ``silu_input``), model dtype; any row stride (a last
+            stride other than 1 is copied to a contiguous tensor first).
         weight: ``[N, K]`` contiguous, same dtype.
-        bias: ``None`` or ``[N]``.
+        bias: ``None`` or ``[N]`` with unit stride (any float dtype; added in float32).
         silu_input: multiply by ``silu(gate) * up`` of ``x = cat(gate, up, -1)`` (SwiGLU, Shazeer 2020).
     Returns:
         ``[..., N]`` in ``x.dtype``.
     Raises:
-        ValueError: shapes or layouts that do not fit.
+        ValueError: shapes or layouts that do not fit (including a bias that is not ``[N]`` with unit stride).
     """
     n, k = weight.shape
     width = 2 * k if silu_input else k
     if x.shape[-1] != width or not weight.is_contiguous() or x.dtype != weight.dtype:
         raise ValueError(f"gemv: x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)} "
                          f"{weight.dtype} (contiguous weight, last dim {width})")
-    x2 = x.reshape(-1, width)
+    _check_vector("gemv: bias", bias, n)
+    x2 = x.reshape(math.prod(x.shape[:-1]), width)  # not -1: a 0-element x (K = 0) has no inferable rows
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     rows = x2.shape[0]
@@ -174,21 +178,24 @@ def add_rms_norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: 
 
     Args:
         x: ``[..., K]`` contiguous residual stream, model dtype (not modified).
-        delta: ``None`` (``x_new = x``) or the same shape and dtype, contiguous.
-        norm_weight: ``[K]``; eps: the norm's epsilon.
-        weight: ``[N, K]`` contiguous; bias: ``None`` or ``[N]``.
+        delta: ``None`` (``x_new = x``) or the same shape and dtype, contiguous (may be ``x`` itself).
+        norm_weight: ``[K]`` with unit stride; eps: the norm's epsilon.
+        weight: ``[N, K]`` contiguous, same dtype as ``x``; bias: ``None`` or ``[N]`` with unit stride.
     Returns:
         ``(out [..., N], x_new [..., K])``; ``x_new`` is ``x`` itself when ``delta`` is ``None``.
     Raises:
-        ValueError: shapes that do not fit, or ``K`` over one tile (:func:`fits_one_tile`).
+        ValueError: shapes, dtypes or layouts that do not fit, or ``K`` over one tile (:func:`fits_one_tile`).
     """
     n, k = weight.shape
     if (x.shape[-1] != k or not x.is_contiguous() or x.dtype != weight.dtype or not weight.is_contiguous()
-            or (delta is not None and (delta.shape != x.shape or not delta.is_contiguous()))):
+            or (delta is not None and (delta.shape != x.shape or delta.dtype != x.dtype
+                                       or not delta.is_contiguous()))):
         raise ValueError(f"add_rms_norm_gemv: x {tuple(x.shape)} / delta does not fit weight {tuple(weight.shape)}")
+    _check_vector("add_rms_norm_gemv: bias", bias, n)
+    _check_vector("add_rms_norm_gemv: norm_weight", norm_weight, k)
     if not fits_one_tile(n, k):
         raise ValueError(f"add_rms_norm_gemv: K = {k} is over one tile ({gemv_config(n, k)[1]})")
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(math.prod(x.shape[:-1]), k)
     rows = x2.shape[0]
     out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     x_new = x if delta is None else torch.empty_like(x)
@@ -202,6 +209,17 @@ def add_rms_norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: 
             k, n, float(eps), HAS_B=bias is not None, SILU=False, NORM=True, HAS_D=delta is not None,
             M_P2=next_pow2(r), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     return out.view(*x.shape[:-1], n), x_new
+
+
+def _check_vector(what: str, v: torch.Tensor | None, size: int) -> None:
+    """The kernel reads ``v[i]`` at ``v_ptr + i``: ``v`` must be ``None`` or ``[size]`` with unit stride.
+
+    Raises:
+        ValueError: otherwise (the kernel would read past its end, or the wrong elements).
+    """
+    if v is not None and (v.dim() != 1 or v.shape[0] != size or (size > 1 and v.stride(0) != 1)):
+        raise ValueError(f"{what} {tuple(v.shape)} (stride {tuple(v.stride())}) does not fit: need [{size}], "
+                         f"unit stride")
 
 
 def fits_one_tile(n: int, k: int) -> bool:
