@@ -68,7 +68,7 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
     row's summation order is the same for any number of rows.
 
     Two outputs per program (the most programs, so the most loads in flight per SM) and a ``K`` tile of
-    up to 4,096 elements: the best or within 5% of the best of a 4 x 4 x 3 grid for every projection of
+    up to 4,096 elements: the best or within 5% of the best of a 4 x 4 x 3 grid for every layer projection of
     the SmolLM2-135M, Qwen3-0.6B and Llama-3.1-8B shapes at ``M = 1`` on the H200 (``bench/gemv_bench.py
     --sweep``, ``bench/results/gemv_bench_h200.json``).
     """
