@@ -70,7 +70,7 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
     Two outputs per program (the most programs, so the most loads in flight per SM) and a ``K`` tile of
     up to 4,096 elements: the best or within 5% of the best of a 4 x 4 x 3 grid for every layer projection of
     the SmolLM2-135M, Qwen3-0.6B and Llama-3.1-8B shapes at ``M = 1`` on the H200 (``bench/gemv_bench.py
-    --sweep``, ``bench/results/gemv_bench_h200.json``).
+    --sweep``, ``bench/results/gemv_sweep_m1_h200.json``).
     """
     block_k = min(4096, max(16, next_pow2(k)))
     return 2, block_k, 8 if block_k >= 4096 else 4
