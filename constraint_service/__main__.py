@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-socket", default=None,
                     help="unix socket of the local Step transport (default: the --socket path + '.step'; "
                          "'' turns it off: Steps then come only over gRPC)")
+    ap.add_argument("--mask-probe-limit-ms", type=float, default=250.0,
+                    help="refuse a constraint (GrammarTooExpensive) when one token mask of a short deterministic "
+                         "walk after its compile takes longer than this, CPU ms (default 250; 0 = no probe): "
+                         "some grammars compile but cost seconds per mask, e.g. ([a-z]+ \" \"?){0,200}, and "
+                         "would stall every other constrained request at each step")
     ap.add_argument("--log-level", default=os.environ.get("NINFER_LOG_LEVEL", "WARNING"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s sidecar %(levelname)s %(message)s")
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  fill_rows_per_thread=(None if args.fill_rows_per_thread < 0
                                                                        else args.fill_rows_per_thread),
                                                  compile_threads=max(0, args.compile_threads),
-                                                 step_shards=max(0, args.step_shards)),
+                                                 step_shards=max(0, args.step_shards),
+                                                 mask_probe_limit_ms=max(0.0, args.mask_probe_limit_ms)),
                                   # a lost shard worker: NOT_SERVING, so the engine's heartbeat restarts us
                                   on_health=lambda ok: hs.set("", health_pb2.HealthCheckResponse.SERVING if ok
                                                               else health_pb2.HealthCheckResponse.NOT_SERVING))

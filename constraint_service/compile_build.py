@@ -11,6 +11,12 @@ hits, waiters, the byte budget, the failure memory), as the mixin :class:`BuildR
   slot back, is re-niced to 19 and settles its result late.  While ``max_abandoned_compiles`` abandoned
   builds still run, sources larger than :data:`SMALL_SOURCE_BYTES` wait (within their deadline); small
   ones are admitted up to four times that.
+* After the compile, the mask-cost probe (:mod:`~constraint_service.mask_probe`) walks the grammar and
+  refuses it with ``GrammarTooExpensive`` when one token mask takes longer than ``mask_probe_limit_s``:
+  in the worker process right after its proof compile (killed at the deadline with it), or on the build
+  thread without a pool (the owner's deadline covers it: past it the build is abandoned as usual, and its
+  late verdict, a grammar or ``GrammarTooExpensive``, is cached). A grammar a worker proved is not probed
+  again in-process.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Any, Optional
 from .backend import Backend, CompiledConstraint
 from .compile_pool import WorkerCrashed
 from .errors import ConstraintError
+from .mask_probe import check_mask_cost, probe_seed
 from .registry import kind_entry, user_input_error
 from .tools.wrap import Wrapped, wrapped_grammar
 from .types import ConstraintKind, ConstraintSpec
@@ -67,7 +74,8 @@ class BuildRunner:
     """Runs owned builds for :class:`~constraint_service.compiler.ConstraintCompiler` (a mixin).
 
     Uses the compiler's ``backend``, ``compile_timeout_s``, ``max_cold_compiles``,
-    ``max_abandoned_compiles``, ``compile_threads`` (isolated builds), ``stats``, ``_pool`` (a ``CompilePool`` or None), ``_lock`` (stats),
+    ``max_abandoned_compiles``, ``compile_threads`` (isolated builds), ``mask_probe_limit_s`` /
+    ``mask_probe_steps`` (the mask-cost probe), ``stats``, ``_pool`` (a ``CompilePool`` or None), ``_lock`` (stats),
     ``_slot_cv`` / ``_running`` / ``_abandoned`` (slot accounting) and ``_settle`` (publishes a build
     that finished after its owner gave up).
     """
@@ -164,7 +172,9 @@ class BuildRunner:
                 _lower_priority(build.native_id)
         result = error = None
         try:
-            result = self._build_grammar(backend, kind, canon, build.key)
+            compiled = self._build_grammar(backend, kind, canon, build.key)
+            self.probe_mask_cost(compiled)
+            result = compiled  # only a grammar that passed the probe is cached
         except ConstraintError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - user input we failed to convert
@@ -184,8 +194,19 @@ class BuildRunner:
             self._settle(build)
 
     def _build_grammar(self, backend: Backend, kind: ConstraintKind | None, canon: Any, key: tuple) -> CompiledConstraint:
-        """Convert and compile; runs on a worker thread."""
+        """Convert and compile; runs on a worker thread (which then probes the mask cost)."""
         return self.compile_grammar(backend, kind, self.grammar_of(backend, kind, canon), key)
+
+    def probe_mask_cost(self, compiled: CompiledConstraint) -> None:
+        """The mask-cost probe (:func:`~constraint_service.mask_probe.check_mask_cost`) with this compiler's
+        limit; nothing when it is off (``mask_probe_limit_s`` 0). At most ``mask_probe_steps + 1`` fills, each
+        at most about the limit (the walk stops at the first one over it).
+
+        Raises:
+            ConstraintError: ``GrammarTooExpensive``.
+        """
+        if self.mask_probe_limit_s > 0:
+            check_mask_cost(compiled, probe_seed(compiled.key), self.mask_probe_limit_s, steps=self.mask_probe_steps)
 
     @staticmethod
     def grammar_of(backend: Backend, kind: ConstraintKind | None, canon: Any) -> Any:

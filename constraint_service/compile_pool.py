@@ -15,6 +15,9 @@ proof, and the sidecar compiles that grammar eagerly, a deterministic build the 
 within the deadline (its time is bounded by the worker's; the cost is a second compile of each *cold*
 key, cache hits never reach the pool).  Results: ``bench/results/compile_bench_cpu.json``.
 
+A worker also runs the mask-cost probe (:mod:`~constraint_service.mask_probe`) after its proof compile, under
+the same deadline: a grammar whose token masks are too slow comes back as ``GrammarTooExpensive``.
+
 Workers are ``python -m constraint_service.compile_worker`` children (the vocabulary index is built once
 at start: "warm"), one per compile slot, connected by a socketpair; each dies with the sidecar
 (it watches its parent process id, and exits on EOF on its socket).
@@ -122,12 +125,17 @@ class CompilePool:
         size: worker processes (the compiler's ``max_cold_compiles``: one per compile slot).
         compile_threads: xgrammar threads of each worker's compile (the worker is killed at the
             deadline with all of them).
+        mask_probe_limit_s, mask_probe_steps: the workers' mask-cost probe (``ConstraintCompiler``'s
+            arguments of those names; limit 0 = no probe).
 
     Workers start in the background; :meth:`prove` waits (within its deadline) for a ready one.
     """
 
-    def __init__(self, vocab: Vocabulary, size: int, compile_threads: int = 1) -> None:
-        self._blob = pickle.dumps((Vocabulary.from_any(vocab), max(1, int(compile_threads))),
+    def __init__(self, vocab: Vocabulary, size: int, compile_threads: int = 1, *,
+                 mask_probe_limit_s: float = 0.0, mask_probe_steps: int = 0) -> None:
+        probe = {"mask_probe_limit_s": max(0.0, float(mask_probe_limit_s)),
+                 "mask_probe_steps": max(0, int(mask_probe_steps))}
+        self._blob = pickle.dumps((Vocabulary.from_any(vocab), max(1, int(compile_threads)), probe),
                                   protocol=pickle.HIGHEST_PROTOCOL)
         self._cv = threading.Condition()
         self._idle: list[_Worker] = []
@@ -163,7 +171,8 @@ class CompilePool:
             (the grammar as xgrammar's ``Grammar.serialize_json`` text, the worker's compile seconds).
 
         Raises:
-            ConstraintError: the kind's error from the worker (syntax, unsupported ...), or ``CompileTimeout``
+            ConstraintError: the kind's error from the worker (syntax, unsupported, ``GrammarTooExpensive``
+                from its mask-cost probe ...), or ``CompileTimeout``
                 when no worker was free or the compile did not end before ``deadline`` (that worker is
                 killed and replaced).
             WorkerCrashed: the worker died while compiling (it is replaced).

@@ -1,9 +1,11 @@
 """A compile worker process (``python -m constraint_service.compile_worker FD``); see ``compile_pool``.
 
 Protocol on the inherited socket ``FD`` (``multiprocessing.connection`` framing): the sidecar sends the
-pickled ``(Vocabulary, compile threads)`` once; the worker builds the vocabulary index and
-answers ``("ready",)``.  Then, per :class:`~constraint_service.types.ConstraintSpec` received, it
-converts and compiles it (the same code as the in-process compile) and answers
+pickled ``(Vocabulary, compile threads, {"mask_probe_limit_s": s, "mask_probe_steps": n})`` once; the
+worker builds the vocabulary index and answers ``("ready",)``.  Then, per
+:class:`~constraint_service.types.ConstraintSpec` received, it converts and compiles it (the same code as
+the in-process compile), runs the mask-cost probe on the result (:mod:`~constraint_service.mask_probe`;
+``GrammarTooExpensive`` when one token mask is slower than the limit) and answers
 ``("ok", grammar JSON text, compile seconds)``, ``("error", kind, message, location)`` for a rejected
 constraint, or ``("fault", text)``.  It exits on EOF and when its parent dies.
 """
@@ -42,14 +44,14 @@ def main(fd: int) -> int:
     _die_with_parent()
     conn = Connection(fd)
     try:
-        vocab, threads = pickle.loads(conn.recv_bytes())
+        vocab, threads, probe = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
         return 0
     from .compiler import ConstraintCompiler
     from .errors import ConstraintError
     from .registry import user_input_error
 
-    compiler = ConstraintCompiler(vocab)
+    compiler = ConstraintCompiler(vocab, **probe)  # the sidecar's mask-cost probe settings
     backend = compiler.backend  # the vocabulary index, built once
     conn.send(("ready",))
     while True:
@@ -61,7 +63,8 @@ def main(fd: int) -> int:
         try:
             key, canon, _ = compiler._canonicalise(spec)  # cold specs only: nothing for a memo to keep
             grammar = compiler.grammar_of(backend, spec.kind, canon)
-            compiler.compile_grammar(backend, spec.kind, grammar, key, threads=threads)  # the proof
+            compiled = compiler.compile_grammar(backend, spec.kind, grammar, key, threads=threads)  # the proof
+            compiler.probe_mask_cost(compiled)  # killed with the worker at the deadline
             msg = ("ok", backend.grammar_to_text(grammar), time.perf_counter() - t0)
         except ConstraintError as e:
             msg = ("error", e.kind, e.message, e.location)

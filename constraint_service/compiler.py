@@ -36,10 +36,17 @@ Seed 000 §编译与缓存, issue 3 "Compilation and cache":
   registered under its key: the same request again waits for it (within its
   own deadline) instead of starting a duplicate compile, and its late result
   is cached (a late deterministic failure is remembered).
+* Mask-cost probe (``mask_probe_limit_s``, default 250 ms; :mod:`mask_probe`):
+  after the compile (in the worker process with ``isolate``, on the build
+  thread without), a deterministic walk of up to ``mask_probe_steps`` tokens
+  times each token-mask fill; one slower than the limit refuses the
+  constraint with ``GrammarTooExpensive`` (a grammar that compiles but would
+  stall every Step, e.g. ``([a-z]+ " "?){0,200}``: 0.4-1.5 s per mask).  Its
+  time counts against the compile deadline.
 * Only deterministic build failures (syntax, unsupported, unsatisfiable,
-  nesting too deep ...) are remembered per key (bounded LRU) so a repeated
-  pathological request fails fast; ``CompileTimeout`` is never remembered --
-  it depends on load.
+  nesting too deep, ``GrammarTooExpensive`` ...) are remembered per key
+  (bounded LRU) so a repeated pathological request fails fast;
+  ``CompileTimeout`` is never remembered -- it depends on load.
 * Everything kind-specific (canonical forms, size caps, converters, error
   kinds, compile options) is the kind's entry in ``registry.py``; the grammar
   library is reached only through ``backend`` (xgrammar today).  Unexpected
@@ -63,6 +70,7 @@ from .backend import Backend, CompiledConstraint, XGrammarBackend
 from .compile_build import SMALL_SOURCE_BYTES, Build, BuildRunner
 from .compile_pool import CompilePool
 from .errors import ConstraintError
+from .mask_probe import DEFAULT_MASK_PROBE_LIMIT_S, DEFAULT_MASK_PROBE_STEPS
 from .registry import kind_entry
 from .tools.wrap import Wrapped
 from .types import CacheStatus, CompileInfo, ConstraintKind, ConstraintSpec
@@ -173,6 +181,10 @@ class ConstraintCompiler(BuildRunner):
         compile_threads: xgrammar threads per cold compile, with ``isolate`` only (the worker's proof
             and the in-process compile after it); without ``isolate`` a build stays on its one thread,
             which is re-niced if the build is abandoned at its deadline.
+        mask_probe_limit_s: the longest one token-mask fill of the compile-time probe walk may take (thread
+            CPU seconds; :mod:`~constraint_service.mask_probe`) before the constraint is refused with
+            ``GrammarTooExpensive``; 0 = no probe.
+        mask_probe_steps: tokens the probe walk accepts (at most ``mask_probe_steps + 1`` fills).
     """
 
     def __init__(self, vocab: Vocabulary, *, cache_bytes: int = 256 << 20,
@@ -180,7 +192,8 @@ class ConstraintCompiler(BuildRunner):
                  max_abandoned_compiles: Optional[int] = None, fill_threads: int = 2,
                  fill_rows_per_thread: Optional[int] = None, max_failures_remembered: int = 256,
                  backend_factory: Callable[..., Backend] = XGrammarBackend, isolate: bool = False,
-                 compile_threads: int = 1) -> None:
+                 compile_threads: int = 1, mask_probe_limit_s: float = DEFAULT_MASK_PROBE_LIMIT_S,
+                 mask_probe_steps: int = DEFAULT_MASK_PROBE_STEPS) -> None:
         if max_cold_compiles < 1:
             raise ValueError("max_cold_compiles must be >= 1")
         self.vocab = Vocabulary.from_any(vocab)
@@ -190,6 +203,8 @@ class ConstraintCompiler(BuildRunner):
             self.max_cold_compiles if max_abandoned_compiles is None else int(max_abandoned_compiles)
         )
         self.compile_timeout_s = float(compile_timeout_s)
+        self.mask_probe_limit_s = max(0.0, float(mask_probe_limit_s))
+        self.mask_probe_steps = max(0, int(mask_probe_steps))
         self.stats = CompileStats()
         self._fill_kw: dict = {"fill_threads": fill_threads}
         if fill_rows_per_thread is not None and fill_rows_per_thread >= 0:  # negative: the backend's default
@@ -211,8 +226,10 @@ class ConstraintCompiler(BuildRunner):
         # threads only where a build is proven in a killable process first (an abandoned in-thread build
         # must stay on its one re-niced thread)
         self.compile_threads = max(1, int(compile_threads)) if isolate else 1
-        self._pool: Optional[CompilePool] = (CompilePool(self.vocab, self.max_cold_compiles, self.compile_threads)
-                                             if isolate else None)
+        self._pool: Optional[CompilePool] = (
+            CompilePool(self.vocab, self.max_cold_compiles, self.compile_threads,
+                        mask_probe_limit_s=self.mask_probe_limit_s, mask_probe_steps=self.mask_probe_steps)
+            if isolate else None)
 
     # -- public ---------------------------------------------------------------
     @property
@@ -279,7 +296,7 @@ class ConstraintCompiler(BuildRunner):
             ConstraintError: any request error of the kind (``InvalidGrammar``,
                 ``InvalidTokenReference``, ``InvalidRegex``, ``InvalidChoice``,
                 ``InvalidSchema``/``UnsupportedSchema``/``UnsatisfiableSchema``,
-                ``CompileTimeout``).
+                ``CompileTimeout``, ``GrammarTooExpensive``).
             ValueError: malformed ``spec`` (unknown kind).
         """
         t0 = time.perf_counter()

@@ -6,7 +6,8 @@ families, never mixed:
 * :class:`ConstraintError` -- a *request* error (a
   :class:`~ninfer_common.errors.RequestError`, status ``INVALID_ARGUMENT``):
   the constraint the caller sent is invalid, unsupported, unsatisfiable, times
-  out while compiling, or the continuation prefix is outside the language.
+  out while compiling, makes token masks too slow to serve (``GrammarTooExpensive``,
+  :mod:`~constraint_service.mask_probe`), or the continuation prefix is outside the language.
   The sidecar maps it to gRPC ``INVALID_ARGUMENT`` with an error detail
   ``{kind, message, location}``.
 * :class:`IntegrityError` -- a runtime bug (a

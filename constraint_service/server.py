@@ -30,6 +30,7 @@ from shared_memory.ring import MaskRing
 
 from .compiler import ConstraintCompiler
 from .errors import ConstraintError
+from .mask_probe import DEFAULT_MASK_PROBE_LIMIT_S
 from .registry import kind_entry
 from .shard import INTEGRITY, DuplicateSession, StepShard
 from .shard_pool import RemoteShard, ShardBroken, wait_all
@@ -77,6 +78,11 @@ class SidecarOptions:
             always ``fill_threads``; None or negative = the backend's default (16).
         step_timeout_s: the longest wait for a shard worker's Step answer (it is then broken: the
             sidecar reports ``NOT_SERVING`` and its engine restarts it).
+        mask_probe_limit_ms: the mask-cost probe's limit (:mod:`constraint_service.mask_probe`): a constraint
+            one of whose token masks takes longer than this (thread CPU ms) on a short deterministic walk
+            after its compile is refused with ``GrammarTooExpensive``; 0 = no probe. Default 250: the
+            slowest mask of 162 JSONSchemaBench dev schemas' walks was 0.09 ms (SmolLM2), the slow grammars it is
+            for take 0.2-1.5 s per mask and more (README "GrammarTooExpensive").
     """
 
     cache_bytes: int = 256 << 20
@@ -89,6 +95,7 @@ class SidecarOptions:
     step_shards: int = 1
     step_timeout_s: float = 30.0
     fill_rows_per_thread: Optional[int] = None
+    mask_probe_limit_ms: float = 1000 * DEFAULT_MASK_PROBE_LIMIT_S
 
 
 def _cpus() -> int:
@@ -210,6 +217,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             fill_rows_per_thread=self.options.fill_rows_per_thread,
             isolate=self.options.isolate_compiles,  # killable compile worker processes (issue 14 defect 8)
             compile_threads=compile_threads,
+            mask_probe_limit_s=max(0.0, self.options.mask_probe_limit_ms) / 1000.0,
         )
         worker_opts = dict(cache_bytes=self.options.cache_bytes, max_cold_compiles=self.options.max_cold_compiles,
                            compile_timeout_s=3 * self.options.compile_timeout_s, fill_threads=fill_threads,

@@ -42,6 +42,7 @@ class ErrorKind(enum.StrEnum):
     INVALID_PREFIX = "InvalidPrefix"
     COMPILE_TIMEOUT = "CompileTimeout"
     INVALID_TOKEN_REFERENCE = "InvalidTokenReference"
+    GRAMMAR_TOO_EXPENSIVE = "GrammarTooExpensive"  # compiles, but one token mask costs more than the limit
     # the constraint sidecar
     CONSTRAINT_SERVICE_UNAVAILABLE = "ConstraintServiceUnavailable"
     CONSTRAINT_SERVICE_ERROR = "ConstraintServiceError"
@@ -62,6 +63,7 @@ CONSTRAINT_ERROR_KINDS = frozenset({
     ErrorKind.INVALID_GRAMMAR, ErrorKind.INVALID_REGEX, ErrorKind.INVALID_CHOICE, ErrorKind.INVALID_SCHEMA,
     ErrorKind.UNSUPPORTED_SCHEMA, ErrorKind.UNSATISFIABLE_SCHEMA, ErrorKind.CONSTRAINT_DEAD_END,
     ErrorKind.INVALID_PREFIX, ErrorKind.COMPILE_TIMEOUT, ErrorKind.INVALID_TOKEN_REFERENCE,
+    ErrorKind.GRAMMAR_TOO_EXPENSIVE,
 })
 
 

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grammar-cache-bytes", type=int, default=256 << 20)
     ap.add_argument("--max-cold-compiles", type=int, default=2)
     ap.add_argument("--compile-timeout", type=float, default=10.0, help="grammar compile deadline, seconds")
+    ap.add_argument("--mask-probe-limit-ms", type=float, default=250.0,
+                    help="the sidecar refuses a constraint (GrammarTooExpensive) when one token mask of a short "
+                         "deterministic walk after its compile takes longer than this, CPU ms (default 250; 0 = no "
+                         "probe): a grammar like ([a-z]+ \" \"?){0,200} costs seconds per mask and would stall every "
+                         "other constrained request at each step")
     ap.add_argument("--mask-fill-threads", type=int, default=0,
                     help="sidecar threads for the batched mask fill (0 = auto: min(8, CPUs); 1 on 2 CPUs)")
     ap.add_argument("--mask-fill-rows-per-thread", type=int, default=-1,
@@ -180,7 +185,8 @@ def build_stack(args: argparse.Namespace):
         "--grammar-cache-bytes", str(args.grammar_cache_bytes), "--max-cold-compiles", str(args.max_cold_compiles),
         "--compile-timeout", str(args.compile_timeout), "--fill-threads", str(args.mask_fill_threads),
         "--compile-threads", str(args.compile_threads), "--step-shards", str(args.step_shards),
-        "--fill-rows-per-thread", str(args.mask_fill_rows_per_thread)])
+        "--fill-rows-per-thread", str(args.mask_fill_rows_per_thread),
+        "--mask-probe-limit-ms", str(args.mask_probe_limit_ms)])
     SidecarSupervisor(sidecar, args.sidecar_deadline, max_restarts=args.sidecar_max_restarts)  # started by the engine
     from gpu_engine.executor import make_program
 

@@ -261,3 +261,23 @@ def test_api_flat_objects_limited_by_size_with_a_located_error(client):
     r = client.generate_text(prompt="x", constraint={"json_schema": json.dumps(required)}, max_tokens=6,
                              temperature=0)
     assert r.error is None and r.text.startswith('{"p0":'), r
+
+
+def test_api_grammar_with_too_slow_masks_is_refused_and_serving_goes_on(client):
+    """A grammar that compiles but whose token masks take 0.5-7 s each on SmolLM2's vocabulary (xgrammar
+    evaluates the counted repetition of an ambiguous group at every token) is refused at compile time by the
+    sidecar's mask-cost probe (default limit 250 ms) with INVALID_ARGUMENT / ``GrammarTooExpensive`` instead
+    of stalling every constrained request's Steps; the same request is refused again (remembered), and the
+    next constrained request is served."""
+    from clients.errors import RequestRejected
+
+    slow = 'root ::= ([a-z]+ " "?){0,200}'
+    for _ in range(2):
+        with pytest.raises(RequestRejected) as ei:
+            client.generate_text(prompt="x", constraint={"grammar": slow}, max_tokens=4)
+        e = ei.value
+        assert (e.kind, e.code) == ("GrammarTooExpensive", "INVALID_ARGUMENT"), e
+        assert "(limit 250 ms)" in e.message and "Counted repetitions" in e.message, e
+    ok = client.generate_text(prompt="N:", constraint={"grammar": 'root ::= [a-z]+ (" " [a-z]+)* " "?'},
+                              max_tokens=3, temperature=0)  # the rewrite the message suggests
+    assert ok.error is None and re.fullmatch(r'[a-z ]*', ok.text), ok
