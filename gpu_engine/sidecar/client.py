@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
-import socket
-import stat as st
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,69 +28,25 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ninfer.constraint.v1 import constraint_pb2 as pb
 from ninfer.constraint.v1 import constraint_pb2_grpc as pb_grpc
 from ninfer_common.grpc_status import detail_from_rpc_error
-from ninfer_common.liveness import creator_alive
 from ninfer_common.telemetry import instrument_channel
 
 from ninfer_common.errors import ErrorKind, RequestError, RowError, Status
 from gpu_engine.core.request import CacheStatus
 from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.sidecar.launch import (PRIVATE_DIR_PREFIX, STEP_SWITCH_INTERVAL_S, SidecarUnavailable, socket_served_by,
+                                      sweep_stale_private_dirs, wait_until_serving)
 from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
-from gpu_engine.sidecar.stream import SocketStepStream, StepSocketRefused, StepStream, StreamBroken, peer_mismatch
+from gpu_engine.sidecar.stream import SocketStepStream, StepSocketRefused, StepStream, StreamBroken
 from ninfer_common.step_socket import STEP_TRANSPORTS, step_socket_path
 
 __all__ = ["PRIVATE_DIR_PREFIX", "PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow",
            "StepRowResult", "sweep_stale_private_dirs"]
 
-#: ``$TMPDIR/ninfer-sidecar-<engine pid>-<random>``: the engine's private socket directory (0700).
-PRIVATE_DIR_PREFIX = "ninfer-sidecar-"
-
-
-def sweep_stale_private_dirs(tmpdir: str | None = None) -> list[str]:
-    """Remove the private socket directories that SIGKILLed engines left behind; returns the paths removed.
-
-    Only directories named ``ninfer-sidecar-<pid>-<random>`` (directories, not links), owned by our uid,
-    whose creator ``pid`` is provably dead (:func:`ninfer_common.liveness.creator_alive` against the
-    directory's ``st_ctime``: no such process, or one started after the directory last changed) are
-    removed; a live engine's directory, another user's, and names without a pid (before this scheme)
-    are left alone.  Errors (a directory removed meanwhile by another engine) are ignored.
-    """
-    base = tmpdir or tempfile.gettempdir()
-    removed = []
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return removed
-    pattern = re.compile(re.escape(PRIVATE_DIR_PREFIX) + r"(\d+)-[^/]+")
-    for name in names:
-        m = pattern.fullmatch(name)
-        if m is None:
-            continue
-        path = os.path.join(base, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if not st.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            continue
-        if creator_alive(int(m.group(1)), info.st_ctime):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path):
-            removed.append(path)
-            log.info("removed the stale sidecar directory %s (its engine pid %s is gone)", path, m.group(1))
-    return removed
 _CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
           pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
 
 log = logging.getLogger("ninfer.engine.sidecar")
 
-# GIL switch interval of the engine process while a Step stream is open. A Step message is put
-# on a queue and sent by gRPC's request-consumer thread, which needs the GIL; with CPython's
-# default 5 ms interval the engine thread (launching the forward, building inputs) keeps it so
-# long that the message leaves only when the engine blocks in ``recv_step`` — the sidecar then
-# starts late and its work is exposed. 0.5 ms lets the message go out while the forward is
-# launched (measured: answer ready 0.09 ms after 3 ms of engine work instead of 1.2 ms / 7.5 ms max).
-STEP_SWITCH_INTERVAL_S = 0.0005
 
 
 def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
@@ -103,10 +55,6 @@ def _detail_from_error(err: grpc.RpcError) -> tuple[str, str, str]:
     if det is None or det.kind not in ErrorKind.__members__.values():
         return ErrorKind.CONSTRAINT_ERROR, (det.message if det is not None else "") or err.details() or str(err), ""
     return ErrorKind(det.kind), det.message, det.location
-
-
-class SidecarUnavailable(Exception):
-    """The sidecar process is gone or not answering."""
 
 
 class Sidecar:
@@ -190,29 +138,10 @@ class Sidecar:
             # Start-up health polls use a plain channel: the first ones fail by design while the
             # sidecar boots, and must not export ERROR spans (issue 14 (9)).
             probe = grpc.insecure_channel(target)
-            deadline = time.monotonic() + self.startup_timeout_s
             try:
-                health = health_pb2_grpc.HealthStub(probe)
-                trusted = False
-                while True:
-                    if self._proc is not None and self._proc.poll() is not None:
-                        raise SidecarUnavailable(f"sidecar exited with code {self._proc.returncode} during start-up")
-                    if not trusted:  # nothing is sent before the peer is known to be our child
-                        trusted = self._check_peer(None if self.external else self._proc.pid)
-                        if not trusted:
-                            if time.monotonic() > deadline:
-                                raise SidecarUnavailable("sidecar did not open its socket in time")
-                            time.sleep(0.05)
-                            continue
-                    try:
-                        r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                        if r.status == health_pb2.HealthCheckResponse.SERVING:
-                            break
-                    except grpc.RpcError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise SidecarUnavailable("sidecar did not become healthy in time")
-                    time.sleep(0.05)
+                pid = None if self.external else self._proc.pid
+                wait_until_serving(probe, self._proc, lambda: socket_served_by(self.socket_path, pid),
+                                   self.startup_timeout_s)
             except BaseException:
                 probe.close()
                 raise
@@ -282,25 +211,6 @@ class Sidecar:
                 self._proc.wait()
         self._proc = None
         self._stub = None
-
-    def _check_peer(self, expected_pid: int | None) -> bool:
-        """True once the socket is served by ``expected_pid`` (any pid if None) under our uid (``SO_PEERCRED``).
-
-        Returns False while nothing listens yet.
-
-        Raises:
-            SidecarUnavailable: another process (or user) serves the socket.
-        """
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(1.0)
-            try:
-                conn.connect(self.socket_path)
-            except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
-                return False
-            why = peer_mismatch(conn, expected_pid)
-        if why:
-            raise SidecarUnavailable(f"the sidecar socket {self.socket_path} is {why}; refusing to use it")
-        return True
 
     def stop(self) -> None:
         """Stop the sidecar process (SIGTERM, then SIGKILL after 5 s) and remove its private directory."""
