@@ -46,7 +46,7 @@ from gpu_engine.engine.output import OutputPublishing
 from gpu_engine.engine.step_send import StepSendPolicy
 from gpu_engine.engine.supervision import Supervision
 from gpu_engine.engine.metrics import EngineMetrics
-from gpu_engine.engine.stats import EngineStats, ring_geometry  # noqa: F401 - ring_geometry re-exported
+from gpu_engine.engine.stats import EngineStats, record_idle, ring_geometry  # noqa: F401 - ring_geometry re-exported
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
 from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.executor import select_mask_rows
@@ -260,7 +260,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         self.stats.step_s += dt
         self.metrics.step_done(dt)
         self.stats.steps += 1
-        self._record_idle(dt, timings, n_timings, n_waits, prefill)
+        record_idle(self.stats, self.step_send, self.program, dt, timings, n_timings, n_waits, prefill)
         return True
 
     def _traced_step_rows(self, rows) -> None:
@@ -274,29 +274,6 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         with _tracer.start_as_current_span("engine.step", links=links_to(r.trace_context for r in rows)) as span:
             span.set_attribute("ninfer.batch_size", len(rows))
             self._step_rows(rows)
-
-    def _record_idle(self, dt: float, timings, n_timings: int, n_waits: int, prefill: bool) -> None:
-        """GPU idle of the step just run (EngineStats.per_step_gpu_idle_ms, milliseconds): with CUDA-event
-        timings, wall ``dt`` minus the GPU busy time (Forward + Finish); without them (CPU, eager) the
-        host-wait time on the sidecar's answer (0 on an unconstrained step)."""
-        st = self.stats
-        if timings is not None and len(timings) > n_timings:
-            new = timings[n_timings:]
-            busy = sum(t.forward_ms + t.finish_ms for t in new)
-            if self.step_send.mode == "auto":  # a decode forward's event time feeds the Step-send choice
-                for t in new:
-                    if not t.prefill and not t.speculative:
-                        self.step_send.observe_forward(t.forward_ms)
-            st.per_step_gpu_busy_ms.append(busy)
-            st.per_step_gpu_idle_ms.append(max(0.0, dt * 1e3 - busy))
-            st.idle_source = "cuda_events"
-        elif timings is None or not getattr(self.program, "timing", False):
-            st.per_step_gpu_idle_ms.append(sum(st.per_step_wait_ms[n_waits:]))
-            st.idle_source = st.idle_source or "host_wait"
-        else:  # a CUDA step that recorded no events (e.g. a speculative step): no figure
-            return
-        st.per_step_wall_ms.append(dt * 1e3)
-        st.per_step_prefill.append(prefill)
 
     def _step_rows(self, rows: list[Request]) -> None:
         """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""

@@ -62,3 +62,30 @@ def ring_geometry(max_lanes: int, num_draft_tokens: int, vocab_size: int, num_sl
     assert bitmask_words(vocab_size) > 0
     return RingGeometry(num_slots=num_slots, num_lanes=max_lanes, num_positions=num_draft_tokens + 1,
                         vocab_size=vocab_size)
+
+
+def record_idle(st: "EngineStats", step_send, program, dt: float, timings, n_timings: int, n_waits: int,
+                prefill: bool) -> None:
+    """GPU idle of the step just run (EngineStats.per_step_gpu_idle_ms, milliseconds): with CUDA-event
+    timings, wall ``dt`` minus the GPU busy time (Forward + Finish); without them (CPU, eager) the
+    host-wait time on the sidecar's answer (0 on an unconstrained step). ``step_send`` is the engine's
+    Step-send choice (fed each plain decode forward's event time in ``auto`` mode); ``timings`` the program's
+    :class:`~gpu_engine.executor.graph_buckets.StepTiming` list, of which entries past ``n_timings`` are this
+    step's; ``n_waits`` the length of ``st.per_step_wait_ms`` before it."""
+    if timings is not None and len(timings) > n_timings:
+        new = timings[n_timings:]
+        busy = sum(t.forward_ms + t.finish_ms for t in new)
+        if step_send.mode == "auto":  # a decode forward's event time feeds the Step-send choice
+            for t in new:
+                if not t.prefill and not t.speculative:
+                    step_send.observe_forward(t.forward_ms)
+        st.per_step_gpu_busy_ms.append(busy)
+        st.per_step_gpu_idle_ms.append(max(0.0, dt * 1e3 - busy))
+        st.idle_source = "cuda_events"
+    elif timings is None or not getattr(program, "timing", False):
+        st.per_step_gpu_idle_ms.append(sum(st.per_step_wait_ms[n_waits:]))
+        st.idle_source = st.idle_source or "host_wait"
+    else:  # a CUDA step that recorded no events (e.g. a speculative step): no figure
+        return
+    st.per_step_wall_ms.append(dt * 1e3)
+    st.per_step_prefill.append(prefill)

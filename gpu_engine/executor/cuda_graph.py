@@ -42,7 +42,7 @@ from ninfer_common.errors import RowError
 from gpu_engine.executor.eager import Program, _row_error, _slot_of
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
     _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
-    batch_buckets, context_buckets, prefill_graph_buckets)
+    _same_rows, _uses_filters, batch_buckets, context_buckets, prefill_graph_buckets, spec_finish_mode)
 from gpu_engine.executor.graph_capture import _SPEC_ENABLED, _SPEC_LANES, _SPEC_NDRAFTS, _SPEC_POS, MAX_EOS, GraphPhases
 from gpu_engine.executor.graph_prefill import GraphPrefill
 from gpu_engine.core.batch import StepBatch
@@ -446,22 +446,3 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
                 gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
                 mask_bytes=self._step_mask_bytes, speculative=speculative))
-
-
-def spec_finish_mode(rows, greedy: bool = True) -> str:
-    """The speculative Finish variant of ``rows`` (:data:`SPEC_FINISH_MODES`): ``"greedy"`` when every row
-    has temperature 0 (filters do not change a greedy token) and ``greedy`` is set, else ``"filters"`` when
-    a row uses top-k, top-p or min-p, else ``"plain"``."""
-    if greedy and all(r.sampling.temperature <= 0 for r in rows):
-        return "greedy"
-    return "filters" if _uses_filters(rows) else "plain"
-
-
-def _uses_filters(rows) -> bool:
-    """True when a row uses top-k, top-p or min-p (the Finish graphs' ``filters`` variant)."""
-    return any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
-
-
-def _same_rows(a, b) -> bool:
-    """True when ``a`` and ``b`` hold the same Request objects in the same order."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))

@@ -113,3 +113,22 @@ class RingMask:
     """
 
     nbytes: int
+
+
+def spec_finish_mode(rows, greedy: bool = True) -> str:
+    """The speculative Finish variant of ``rows`` (:data:`~gpu_engine.executor.graph_capture.SPEC_FINISH_MODES`): ``"greedy"`` when every row
+    has temperature 0 (filters do not change a greedy token) and ``greedy`` is set, else ``"filters"`` when
+    a row uses top-k, top-p or min-p, else ``"plain"``."""
+    if greedy and all(r.sampling.temperature <= 0 for r in rows):
+        return "greedy"
+    return "filters" if _uses_filters(rows) else "plain"
+
+
+def _uses_filters(rows) -> bool:
+    """True when a row uses top-k, top-p or min-p (the Finish graphs' ``filters`` variant)."""
+    return any(r.sampling.top_k > 0 or r.sampling.top_p < 1 or r.sampling.min_p > 0 for r in rows)
+
+
+def _same_rows(a, b) -> bool:
+    """True when ``a`` and ``b`` hold the same Request objects in the same order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
