@@ -6,7 +6,7 @@ import functools
 
 from ..errors import ConstraintError
 from ..regex.ebnf import JSON_PLAIN, _cp, class_text, dfa_rule_bodies, json_literal, repeat
-from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json,
+from ..regex import (AutomatonLimit, ast_to_expr, build_nfa, charset, charset_json, collapse_closed_repeats,
                      parse_regex, product_dfa, search_ast)
 from .ir import (ANY, NEVER, is_empty, Array, Boolean, Box, Const, Integer, Node, Null, Number, Object, Ref,
                  String, Union)
@@ -227,7 +227,10 @@ class Emitter:
         # with other string assertions a format is generated without leap seconds (formats.LEAP_FORMATS)
         pats = tuple(LEAP_PATTERNS[p][1] if p in LEAP_PATTERNS else p for p in pats)
         if len(pats) == 1 and n.min_len == 0 and n.max_len is None:
-            ast = search_ast(parse_regex(pats[0], "UnsupportedSchema"))
+            # R{m,n} of a star-closed R is R (same language, as the regex constraint): the structural form of
+            # ^(a{255,512}(a*){511,513})$ took > 100 s to match 280 characters (every split of the input over
+            # the nullable copies; ~1 us per token collapsed), a dev-set (X*)+ 3.9 s for 2,081 (0.1 ms)
+            ast = collapse_closed_repeats(search_ast(parse_regex(pats[0], "UnsupportedSchema")))
             if self.expand:
                 return '"\\"" ' + ast_to_expr(ast, json_mode=True, expand=True) + ' "\\""'
             # the pattern's DFA as right-linear rules (one rule per state, the closing quote inside, the

@@ -66,7 +66,8 @@ def _star_closed(node) -> bool:
 
 def collapse_closed_repeats(node):
     """``node`` with every ``R{m,n}`` (``n >= 1`` or unbounded) of a star-closed ``R`` replaced by ``R``: the same
-    language (``L{m,n} = L`` when ``L = L*``), as ``gbnf._collapse_closed_repeats`` does for GBNF. ``(a*){3000}``
+    language (``L{m,n} = L`` when ``L = L*``), as ``gbnf._collapse_closed_repeats`` does for GBNF; applied to the regex
+    constraint and to a JSON Schema ``pattern`` (``json_schema/emit.py``). ``(a*){3000}``
     is a one-state DFA, but its Thompson NFA (~9,000 states) is past :data:`REGEX_NFA_STATES`, and its structural
     form matched 9 characters in 21 s (every split of the input over 3,000 nullable copies)."""
     kind = node[0]

@@ -293,3 +293,42 @@ def test_unsatisfiable_schemas_carry_the_pointer_of_their_keyword(schema, locati
     with pytest.raises(ConstraintError) as ei:
         json_schema_to_ebnf(json.dumps(schema))
     assert ei.value.kind == "UnsatisfiableSchema" and ei.value.location == location, ei.value
+
+
+@pytest.mark.parametrize("pattern,collapsed,backtracks", [
+    ("^(a{255,512}(a*){511,513})$", "^(a{255,512}(a*))$", True), ("((ab)*){2,900}c", "((ab)*)c", False),
+    ("^((a*){20}b){3}$", "^((a*)b){3}$", True)])
+def test_pattern_counted_repeats_of_a_star_closed_group_collapse(pattern, collapsed, backtracks):
+    """A `pattern`'s R{m,n} of a star-closed R (R = R*) is written as R (regex.collapse_closed_repeats, as for the
+    regex constraint): same language. The structural form of ^(a{255,512}(a*){511,513})$ (over the DFA limit)
+    took > 100 s for xgrammar to match 280 characters, every split of the input over the nullable copies."""
+    import re
+
+    from constraint_service.regex import regex_search
+
+    for expand in (False, True):
+        got, want = (json_schema_to_ebnf(json.dumps({"type": "string", "pattern": p}), expand_repetitions=expand)
+                     for p in (pattern, collapsed))
+        assert got == want, (pattern, expand)
+    acc = lang({"type": "string", "pattern": pattern})
+    for n in (0, 1, 2, 20, 254, 255, 256, 300, 512, 513, 600):
+        for s in ("a" * n, "a" * n + "b", "ab" * n + "c", "b" + "a" * n + "bab", ("a" * n + "b") * 3):
+            # Python's re backtracks for minutes on long non-matches of (a*){k}: there the reference is the
+            # project's NFA of the pattern as written (not collapsed)
+            want = regex_search(pattern, s) if backtracks and n > 2 else re.search(pattern, s) is not None
+            assert acc(json.dumps(s)) == want, (pattern, n, s[:20])
+
+
+def test_pattern_star_closed_collapse_masks_walk_300_characters(compiler):
+    """The project's compile of ^(a{255,512}(a*){511,513})$ takes 300 a's token by token, a mask at each step."""
+    from conftest import make_session, session_mask, tok
+
+    src = json.dumps({"type": "string", "pattern": "^(a{255,512}(a*){511,513})$"})
+    # without the collapse the walk below would take hours: fail at once instead
+    assert json_schema_to_ebnf(src) == json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "^(a{255,512}(a*))$"}))
+    s = make_session(compiler, "json_schema", src)
+    for i, t in enumerate([tok(b'"')] + [tok(b"a")] * 300):
+        mask = session_mask(s)
+        assert t in mask and tok(b"b") not in mask and (tok(b'"') in mask) == (i == 0 or i > 255), i
+        s.advance([t])
+    assert tok(b'"') in session_mask(s)
