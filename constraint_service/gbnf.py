@@ -385,21 +385,15 @@ def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
     Rules carrying a lookahead annotation are left alone.  Returns ``grammar``
     itself when nothing applies.
     """
-    data = json.loads(grammar.serialize_json())
-    exprs_data, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
-    bounds = list(indptr) + [len(exprs_data)]
-    rules = data["rules"]
-    repeats = [k for k in range(len(indptr))
-               if bounds[k] < bounds[k + 1] and exprs_data[bounds[k]] == _EXPR_REPEAT]
+    g = GrammarEdit(grammar)
+    exprs, rules = g.exprs, g.rules
+    repeats = [k for k, e in enumerate(exprs) if e and e[0] == _EXPR_REPEAT]
     if not repeats:
         return grammar
     closed: dict[int, bool] = {}
 
-    def expr_of(k: int) -> list:
-        return exprs_data[bounds[k]: bounds[k + 1]]
-
     def expr_closed(k: int, visiting: frozenset) -> bool:
-        e = expr_of(k)
+        e = exprs[k]
         if not e:
             return False
         t = e[0]
@@ -424,19 +418,14 @@ def _collapse_closed_repeats(grammar: "xgr.Grammar") -> "xgr.Grammar":
         closed[r] = ok
         return ok
 
-    replace = {}
-    for k in repeats:
-        e = expr_of(k)
-        if e[4] != 0 and rule_closed(e[2], frozenset()):
-            replace[k] = [_EXPR_RULE_REF, 1, e[2]]
+    # every closedness is decided on the grammar as parsed, then the repetitions are replaced
+    replace = {k: [_EXPR_RULE_REF, 1, exprs[k][2]] for k in repeats
+               if exprs[k][4] != 0 and rule_closed(exprs[k][2], frozenset())}
     if not replace:
         return grammar
-    out, ptr = [], []
-    for k in range(len(indptr)):
-        ptr.append(len(out))
-        out.extend(replace[k] if k in replace else expr_of(k))
-    data["grammar_expr_data"], data["grammar_expr_indptr"] = out, ptr
-    return xgr.Grammar.deserialize_json(json.dumps(data))
+    for k, e in replace.items():
+        exprs[k] = e
+    return g.grammar()
 
 
 def _exclude_eos(source: str, scan: _Scan, vocab: Vocabulary) -> "xgr.Grammar":

@@ -134,15 +134,9 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
     Raises:
         ConstraintError: ``kind`` if a class matches nothing but surrogates.
     """
-    data = json.loads(grammar.serialize_json())
-    exprs, indptr = data["grammar_expr_data"], data["grammar_expr_indptr"]
-    bounds = list(indptr) + [len(exprs)]
+    g = GrammarEdit(grammar)
     changed = False
-    new_data: list = []
-    new_ptr: list = []
-    for k in range(len(indptr)):
-        e = exprs[bounds[k]: bounds[k + 1]]
-        new_ptr.append(len(new_data))
+    for k, e in enumerate(g.exprs):
         if e and e[0] in (_EXPR_CHAR_CLASS, _EXPR_CHAR_CLASS_STAR):
             negated, ranges = e[2], e[3: 2 + e[1]]
             pairs = [(ranges[j], ranges[j + 1]) for j in range(0, len(ranges), 2)]
@@ -155,13 +149,9 @@ def exclude_surrogates(grammar: "xgr.Grammar", *, kind: str = "InvalidGrammar") 
                 if not new_ranges:
                     raise ConstraintError(kind, "character class matches only surrogate code points "
                                                 "(U+D800..U+DFFF), which are not Unicode scalar values")
-                e = [e[0], 1 + len(new_ranges), negated] + new_ranges
+                g.exprs[k] = [e[0], 1 + len(new_ranges), negated] + new_ranges
                 changed = True
-        new_data.extend(e)
-    if not changed:
-        return grammar
-    data["grammar_expr_data"], data["grammar_expr_indptr"] = new_data, new_ptr
-    return xgr.Grammar.deserialize_json(json.dumps(data))
+    return g.grammar() if changed else grammar
 
 
 _EXPR_RULE_REF, _EXPR_SEQUENCE, _EXPR_CHOICES, _EXPR_REPEAT = 4, 5, 6, 8
