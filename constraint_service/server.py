@@ -319,6 +319,14 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             return k, c
         return k, None
 
+    def _note_compiled(self, k: int, key: tuple) -> None:
+        """Note that shard ``k`` has ``key`` compiled (``self._lock`` held). A hint, not a record (the worker's
+        cache evicts on its own): the shard's set is cleared once it holds 4,096 keys, so it stays bounded."""
+        seen = self._compiled_on[k]
+        if len(seen) >= 4096:
+            seen.clear()
+        seen.add(key)
+
     def _warm(self, epoch: int, shard: RemoteShard, key: tuple, kind: str | None, text: str) -> None:
         """Compile ``key`` on ``shard`` (a background thread of :meth:`Prepare`); then sessions of ``key``
         may be placed there. A failure leaves the shard cold (a lost worker is reported by the call)."""
@@ -332,10 +340,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
             if epoch == self._epoch and self._warming.get(shard.index) == key:
                 del self._warming[shard.index]
                 if ok:
-                    seen = self._compiled_on[shard.index]
-                    if len(seen) >= 4096:  # a hint, not a record (the worker's cache evicts on its own)
-                        seen.clear()
-                    seen.add(key)
+                    self._note_compiled(shard.index, key)
 
     def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext):
         t0 = time.perf_counter()
@@ -404,10 +409,7 @@ class ConstraintServicer(pb_grpc.ConstraintServiceServicer):
                 if not stale:
                     del self._pending[rid]
                     self._owner[rid] = k
-                    seen = self._compiled_on[k]
-                    if len(seen) >= 4096:  # a hint, not a record (the worker's cache evicts on its own): bounded
-                        seen.clear()
-                    seen.add(compiled.key)
+                    self._note_compiled(k, compiled.key)
                 elif k == 0 and rid not in self._owner and rid not in self._pending:
                     self._local.close(rid, ())  # opened after the new vocabulary cleared the shard
             if stale:
