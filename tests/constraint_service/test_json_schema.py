@@ -4,6 +4,8 @@ import json
 import pytest
 import xgrammar as xgr
 
+from conftest import make_session, session_mask, tok
+
 from constraint_service.errors import ConstraintError
 from constraint_service.json_schema import json_schema_to_ebnf
 
@@ -321,8 +323,6 @@ def test_pattern_counted_repeats_of_a_star_closed_group_collapse(pattern, collap
 
 def test_pattern_star_closed_collapse_masks_walk_300_characters(compiler):
     """The project's compile of ^(a{255,512}(a*){511,513})$ takes 300 a's token by token, a mask at each step."""
-    from conftest import make_session, session_mask, tok
-
     src = json.dumps({"type": "string", "pattern": "^(a{255,512}(a*){511,513})$"})
     # without the collapse the walk below would take hours: fail at once instead
     assert json_schema_to_ebnf(src) == json_schema_to_ebnf(json.dumps({"type": "string", "pattern": "^(a{255,512}(a*))$"}))
