@@ -154,16 +154,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     x2 = x.reshape(math.prod(x.shape[:-1]), width)  # not -1: a 0-element x (K = 0) has no inferable rows
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    rows = x2.shape[0]
-    out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
-    if rows:
-        block_n, block_k, warps = gemv_config(n, k)
-        for r0 in range(0, rows, MAX_ROWS_PER_CALL):
-            r = min(MAX_ROWS_PER_CALL, rows - r0)
-            _kernel()[(-(-n // block_n),)](
-                x2[r0:], weight, weight if bias is None else bias, out[r0:], x2, x2, x2, r, n, k, x2.stride(0),
-                out.stride(0), 0.0, HAS_B=bias is not None, SILU=silu_input, NORM=False, HAS_D=False,
-                M_P2=next_pow2(r), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    out = _launch(x2, weight, bias, silu=silu_input)
     return out.view(*x.shape[:-1], n)
 
 
@@ -195,20 +186,32 @@ def add_rms_norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: 
     _check_vector("add_rms_norm_gemv: norm_weight", norm_weight, k)
     if not fits_one_tile(n, k):
         raise ValueError(f"add_rms_norm_gemv: K = {k} is over one tile ({gemv_config(n, k)[1]})")
-    x2 = x.reshape(math.prod(x.shape[:-1]), k)
-    rows = x2.shape[0]
-    out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    rows = math.prod(x.shape[:-1])
+    x2 = x.reshape(rows, k)
     x_new = x if delta is None else torch.empty_like(x)
-    d2 = x2 if delta is None else delta.reshape(-1, k)
-    xo = x_new.reshape(-1, k)
+    out = _launch(x2, weight, bias, norm=(None if delta is None else delta.reshape(rows, k), norm_weight,
+                                          x_new.reshape(rows, k), float(eps)))
+    return out.view(*x.shape[:-1], n), x_new
+
+
+def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False,
+            norm: tuple | None = None) -> torch.Tensor:
+    """Run the kernel over the ``[rows, width]`` input ``x2`` (unit last stride), :data:`MAX_ROWS_PER_CALL`
+    rows per launch: ``[rows, N]`` output in ``x2.dtype``. ``norm`` = ``(delta [rows, K] or None, norm_weight,
+    x_new [rows, K], eps)`` selects the add + RMSNorm input (``x2`` is then the residual, contiguous)."""
+    n, k = weight.shape
+    rows = x2.shape[0]
+    out = torch.empty(rows, n, device=x2.device, dtype=x2.dtype)
+    delta, norm_weight, x_new, eps = norm if norm is not None else (None, x2, x2, 0.0)
+    d2 = x2 if delta is None else delta
     block_n, block_k, warps = gemv_config(n, k)
     for r0 in range(0, rows, MAX_ROWS_PER_CALL):
         r = min(MAX_ROWS_PER_CALL, rows - r0)
         _kernel()[(-(-n // block_n),)](
-            x2[r0:], weight, weight if bias is None else bias, out[r0:], d2[r0:], norm_weight, xo[r0:], r, n, k,
-            k, n, float(eps), HAS_B=bias is not None, SILU=False, NORM=True, HAS_D=delta is not None,
-            M_P2=next_pow2(r), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-    return out.view(*x.shape[:-1], n), x_new
+            x2[r0:], weight, weight if bias is None else bias, out[r0:], d2[r0:], norm_weight, x_new[r0:], r, n, k,
+            x2.stride(0), out.stride(0), eps, HAS_B=bias is not None, SILU=silu, NORM=norm is not None,
+            HAS_D=delta is not None, M_P2=next_pow2(r), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    return out
 
 
 def _check_vector(what: str, v: torch.Tensor | None, size: int) -> None:

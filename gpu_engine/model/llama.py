@@ -381,13 +381,10 @@ class LlamaModel(nn.Module):
             delta = linear(o.reshape(B, T, self.q_size), layer.o)
             if fuse_norm:
                 gate_up, x = add_rms_norm_gemv(x, delta, layer.mlp_norm, eps, layer.gate_up)
-                delta = gemv(gate_up, layer.down, silu_input=True)
-            elif small:
-                h = add_rms_norm(x, delta, layer.mlp_norm, eps)
-                delta = gemv(gemv(h, layer.gate_up), layer.down, silu_input=True)
             else:
-                h = add_rms_norm(x, delta, layer.mlp_norm, eps)
-                delta = F.linear(silu_mul(F.linear(h, layer.gate_up)), layer.down)
+                gate_up = linear(add_rms_norm(x, delta, layer.mlp_norm, eps), layer.gate_up)
+            # the SiLU-and-multiply runs inside the GEMV of the down projection
+            delta = gemv(gate_up, layer.down, silu_input=True) if small else F.linear(silu_mul(gate_up), layer.down)
         if delta is not None:
             if logit_index is None and not last_only:  # every position: the last add fused into the final norm
                 return F.linear(add_rms_norm(x, delta, self.norm, eps), self.lm_head).float()

@@ -13,6 +13,33 @@ import torch
 from gpu_engine.model.gemv import GEMV_MAX_ROWS, gemv_config, gemv_max_rows
 from gpu_engine.model.paged_attention import triton_available
 
+
+def one_row_logits(cfg, rows: int, prompt: list[int], tokens: list[int], *, device: str = "cpu",
+                   dtype: torch.dtype = torch.float32, max_seq_len: int = 64, seed: int = 3,
+                   perturb_seed: int | None = None) -> torch.Tensor:
+    """``[1 + len(tokens), V]`` float32 logits of a random-weight model on the fused (Triton) path with
+    ``gemv_max_rows = rows`` (0: torch GEMMs only): the last position of a one-lane prefill of ``prompt``, then
+    one one-token decode per ``tokens`` entry. ``perturb_seed`` adds random offsets to every norm weight and
+    bias (so they are not all ones / zeros)."""
+    from gpu_engine.model.llama import build_model
+
+    m = build_model(cfg, device, dtype, 2, max_seq_len, weights="random", seed=seed, attention="triton")
+    if perturb_seed is not None:
+        pg = torch.Generator().manual_seed(perturb_seed)
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if name.endswith("norm") or name.endswith("bias"):
+                    p.add_((0.3 * torch.randn(p.shape, generator=pg)).to(p))
+        m._refresh_small_head()
+    m.gemv_max_rows = rows
+    m.kv.reserve_all()
+    lane = torch.tensor([1], device=device)
+    o = [m(torch.tensor([prompt], device=device), lane, torch.zeros(1, dtype=torch.long, device=device),
+           max_context=max_seq_len, last_only=True)[0, -1]]
+    o += [m(torch.tensor([[t]], device=device), lane, torch.tensor([len(prompt) + i], device=device),
+            max_context=max_seq_len)[0, 0] for i, t in enumerate(tokens)]
+    return torch.stack(o).float()
+
 _CHECK = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
@@ -52,20 +79,14 @@ _CHECK = textwrap.dedent("""
         assert same is x
         torch.testing.assert_close(out2, gemv(add_rms_norm(x0.clone(), None, nw, 1e-5), w), rtol=1e-5, atol=1e-4)
     # the model's one-row decode through the GEMVs (norm and SiLU fused) = the same model with torch GEMMs
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_gemv import one_row_logits
     from gpu_engine.model.config import ModelConfig
-    from gpu_engine.model.llama import build_model
     cfg = ModelConfig(arch="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, qk_norm=True, max_position=64)
-    outs = []
-    for rows in (0, 1):
-        m = build_model(cfg, "cpu", torch.float32, 2, 64, weights="random", seed=3, attention="triton")
-        m.gemv_max_rows = rows
-        m.kv.reserve_all()
-        lane = torch.tensor([1])
-        m(torch.tensor([[5, 9, 2]]), lane, torch.zeros(1, dtype=torch.long), max_context=64, last_only=True)
-        outs.append(torch.stack([m(torch.tensor([[t]]), lane, torch.tensor([3 + i]), max_context=64)[0, 0]
-                                 for i, t in enumerate((7, 1, 30))]))
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    ref, got = (one_row_logits(cfg, rows, [5, 9, 2], [7, 1, 30]) for rows in (0, 1))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     print("GEMV-OK")
 """)
 
@@ -116,7 +137,6 @@ def test_cuda_gemv_matches_cublas_and_one_row_decode() -> None:
 
     from gpu_engine.model.config import ModelConfig
     from gpu_engine.model.gemv import gemv
-    from gpu_engine.model.llama import build_model
 
     g = torch.Generator(device="cuda").manual_seed(0)
     for n, k in ((960, 576), (1024, 3072), (4096, 1024), (77, 4100)):
@@ -127,18 +147,10 @@ def test_cuda_gemv_matches_cublas_and_one_row_decode() -> None:
         assert torch.equal(gemv(x[2:3], w), gemv(x, w)[2:3])
     cfg = ModelConfig(arch="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=3,
                       num_heads=8, num_kv_heads=2, head_dim=32, qk_norm=True, max_position=1024)
-    outs = []
-    for rows in (0, 1):                          # cuBLAS only, then the GEMVs (norm and SiLU fused) at one row
-        m = build_model(cfg, "cuda", torch.bfloat16, 2, 1024, weights="random", seed=7, attention="triton")
-        m.gemv_max_rows = rows
-        m.kv.reserve_all()
-        lane = torch.tensor([1], device="cuda")
-        prompt = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(1)).cuda()
-        m(prompt, lane, torch.zeros(1, dtype=torch.long, device="cuda"), max_context=1024, last_only=True)
-        o = [m(prompt[:, i:i + 1], lane, torch.tensor([40 + i], device="cuda"), max_context=1024)[0, 0]
-             for i in range(6)]
-        outs.append(torch.stack(o).float())
-    ref, got = outs
+    prompt = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    # cuBLAS only, then the GEMVs (norm and SiLU fused) at one row; the decodes are the ones compared
+    ref, got = (one_row_logits(cfg, rows, prompt, prompt[:6], device="cuda", dtype=torch.bfloat16, max_seq_len=1024,
+                               seed=7)[1:] for rows in (0, 1))
     assert (ref - got).abs().max() < 0.05 * ref.abs().max()
     assert (ref.argmax(-1) == got.argmax(-1)).float().mean() > 0.8
 
@@ -213,29 +225,16 @@ _EDGES = textwrap.dedent("""
                                rtol=1e-5, atol=1e-4)
     # the model with a qkv bias (Qwen2-style; random non-zero biases and norms) on the fused-norm path and with a
     # hidden size over NORM_FUSE_MAX_K (GEMVs with the separate add + RMSNorm): one-row prefill and decode
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_gemv import one_row_logits
     from gpu_engine.model.config import ModelConfig
-    from gpu_engine.model.llama import build_model
     for cfg in (ModelConfig(arch="qwen2", vocab_size=64, hidden_size=36, intermediate_size=20, num_layers=2,
                             num_heads=3, num_kv_heads=1, head_dim=12, attention_bias=True, max_position=64),
                 ModelConfig(arch="llama", vocab_size=32, hidden_size=1040, intermediate_size=24, num_layers=1,
                             num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True, max_position=64)):
-        outs = []
-        for rows in (0, 1):
-            m = build_model(cfg, "cpu", torch.float32, 2, 64, weights="random", seed=3, attention="triton")
-            pg = torch.Generator().manual_seed(11)
-            with torch.no_grad():
-                for name, p in m.named_parameters():
-                    if name.endswith("norm") or name.endswith("bias"):
-                        p.add_(0.3 * torch.randn(p.shape, generator=pg))
-            m._refresh_small_head()
-            m.gemv_max_rows = rows
-            m.kv.reserve_all()
-            lane = torch.tensor([1])
-            o = [m(torch.tensor([[5]]), lane, torch.zeros(1, dtype=torch.long), max_context=64, last_only=True)[0, 0]]
-            o += [m(torch.tensor([[t]]), lane, torch.tensor([1 + i]), max_context=64)[0, 0]
-                  for i, t in enumerate((7, 30))]
-            outs.append(torch.stack(o))
-        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)
+        ref, got = (one_row_logits(cfg, rows, [5], [7, 30], perturb_seed=11) for rows in (0, 1))
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
     print("GEMV-EDGES-OK")
 """)
 
