@@ -30,7 +30,7 @@ from .backend import CompiledConstraint
 from .errors import ConstraintError, IntegrityError
 from .types import DEAD_END, READY, UNCONSTRAINED, UNREACHABLE, PreviewResult
 
-__all__ = ["OutputSession", "fill_rows"]
+__all__ = ["OutputSession", "advance_rows", "fill_rows"]
 
 
 def _as_int32_tensor(words: np.ndarray) -> torch.Tensor:
@@ -282,6 +282,72 @@ class OutputSession:
         self.close()
 
 
+def _nonempty_rows(flat: np.ndarray, idx: list[int], step: int) -> np.ndarray:
+    """``[len(idx)]`` bool: row ``idx[j]`` of the ``[N, W]`` uint32 ``flat`` has a bit set. ``idx`` increasing, all
+    congruent to ``idx[0]`` modulo ``step`` (``lane * positions + i``, as :func:`fill_rows` builds them);
+    an arithmetic run of stride ``step`` (every row of a K = 0 Step) is read as a strided view, not a copy,
+    and an even ``W`` is scanned as uint64 words (max != 0: half the elements, no bool temporary)."""
+    first, last = idx[0], idx[-1]
+    rows = flat[first:last + 1:step] if last - first == (len(idx) - 1) * step else flat[idx]
+    if rows.shape[1] % 2 == 0 and rows.strides[1] == 4:
+        return rows.view(np.uint64).max(axis=1) != 0
+    return rows.any(axis=1)
+
+
+def advance_rows(sessions: Sequence[OutputSession], tokens: Sequence[int]) -> list[Optional[IntegrityError]]:
+    """:meth:`OutputSession.advance` of one token per session, the grammar checks in one backend call
+    (:meth:`~constraint_service.backend.base.Backend.batch_accept`): the Step path's commits at K = 0.
+
+    Every session ends in the state ``sessions[j].advance([tokens[j]])`` leaves it in, and gets the error
+    that call would raise (same messages); a session listed twice is advanced in order, one call each.
+
+    Args:
+        sessions: ``[R]`` sessions (no pending preview expected; one that has one gets its error).
+        tokens: ``[R]`` token ids, one per session.
+
+    Returns:
+        ``[R]``: ``None`` (committed) or the :class:`IntegrityError` of that row (its state unchanged).
+    """
+    n = len(sessions)
+    if len(tokens) != n:
+        raise IntegrityError(f"advance_rows: {n} sessions, {len(tokens)} tokens")
+    errors: list[Optional[IntegrityError]] = [None] * n
+    toks = [int(t) for t in tokens]
+    groups: dict[int, list[int]] = {}  # backend id -> rows asked in one call
+    seen: set[int] = set()
+    for j, s in enumerate(sessions):
+        if id(s) in seen:  # a second commit of the same session this call: after its first one, alone
+            continue
+        seen.add(id(s))
+        tok = toks[j]
+        if s._closed or s._preview_len >= 0 or s._terminated or not (0 <= tok < s._vocab_size):
+            continue  # advance() raises the exact error below
+        groups.setdefault(id(s.compiled.backend), []).append(j)
+    batched = [False] * n
+    for rows in groups.values():
+        backend = sessions[rows[0]].compiled.backend
+        oks = backend.batch_accept([sessions[j]._matcher for j in rows], [toks[j] for j in rows])
+        for j, ok in zip(rows, oks):
+            batched[j] = True
+            s = sessions[j]
+            if not ok:
+                errors[j] = IntegrityError(f"committed token {toks[j]} (position 0 of 1 this step, "
+                                           f"{s._num_committed} overall) rejected by the grammar")
+                continue
+            s._num_committed += 1
+            m = s._matcher
+            s._complete = m.is_completed()
+            if toks[j] in s._eos:  # only an accepted EOS can terminate (as _accept)
+                s._terminated = m.is_terminated()
+    for j in range(n):
+        if not batched[j]:
+            try:
+                sessions[j].advance([toks[j]])
+            except IntegrityError as exc:
+                errors[j] = exc
+    return errors
+
+
 def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Sequence[Sequence[int]],
               bitmask_view: np.ndarray, status_view: np.ndarray,
               lanes: Optional[Sequence[int]] = None) -> list[Optional[IntegrityError]]:
@@ -317,27 +383,32 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
     flat = bitmask_view.reshape(-1, num_words)  # a view, never a copy (checked above)
     flat_t = _as_int32_tensor(flat)
     errors: list[Optional[IntegrityError]] = [None] * num_rows
-    end = [positions] * num_rows
-    accepted = [0] * num_rows
+    short: list[tuple[int, int]] = []  # (row, end): positions end.. of the row are zeroed and UNREACHABLE
+    accepted: dict[int, int] = {}  # row -> drafts accepted in its matcher (rolled back at the end)
     active: list[int] = []
+    unconstrained: list[int] = []
     backend = None
     for r in (range(num_rows) if lanes is None else lanes):
         s = sessions[r]
         if s is None:
-            status_view[r, :] = UNCONSTRAINED
+            unconstrained.append(r)
             continue
         try:
-            s._check_can_lookahead()
+            if s._closed or s._preview_len >= 0 or s._terminated:
+                s._check_can_lookahead()  # raises the state's error
             if s._num_words != num_words:
                 raise IntegrityError(f"row {r}: bitmask has {num_words} words, vocabulary needs {s._num_words}")
             if len(drafts_per_row[r]) > positions - 1:
                 raise IntegrityError(f"row {r}: {len(drafts_per_row[r])} drafts > {positions - 1}")
         except IntegrityError as exc:
             errors[r] = exc
-            end[r] = 0
+            short.append((r, 0))
             continue
         backend = s.compiled.backend
         active.append(r)
+    if unconstrained:
+        status_view[unconstrained, :] = UNCONSTRAINED
+    active.sort()  # rows are independent; in lane order a run of lanes is one slice of the views below
     try:
         for i in range(positions):
             if not active:
@@ -362,40 +433,49 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
                     sessions[todo[0]]._matcher.fill_bitmask(flat_t, tidx[0])
                 if backend.tail_mask is not None:
                     flat[tidx, -1] &= backend.tail_mask
-            nonempty = flat[idx].any(axis=1)
+            nonempty = _nonempty_rows(flat, idx, positions)
+            # every row with no draft left ends here (all of them at K = 0): its status in one assignment
+            ends = [j for j, r in enumerate(active) if i == len(drafts_per_row[r])]
+            if len(ends) == len(active):
+                status_view[active, i] = np.where(nonempty, READY, DEAD_END)
+                if i + 1 < positions:
+                    short.extend((r, i + 1) for r in active)
+                break
             still: list[int] = []
-            for r, ok in zip(active, nonempty):
+            for j, (r, ok) in enumerate(zip(active, nonempty)):
                 if not ok:
                     status_view[r, i] = DEAD_END
-                    end[r] = i + 1
+                    if i + 1 < positions:
+                        short.append((r, i + 1))
                     continue
                 status_view[r, i] = READY
                 drafts = drafts_per_row[r]
                 if i == len(drafts):
-                    end[r] = i + 1
+                    if i + 1 < positions:
+                        short.append((r, i + 1))
                     continue
                 d = int(drafts[i])
                 row = flat[r * positions + i]
                 if not (0 <= d < backend.vocab_size and (int(row[d >> 5]) >> (d & 31)) & 1):
-                    end[r] = i + 1
+                    if i + 1 < positions:
+                        short.append((r, i + 1))
                     continue
                 s = sessions[r]
                 if not s._matcher.accept_token(d):
                     errors[r] = IntegrityError(f"row {r}: draft {d} is in the mask but the matcher refused it")
-                    end[r] = 0
+                    short.append((r, 0))
                     continue
-                accepted[r] += 1
+                accepted[r] = accepted.get(r, 0) + 1
                 if d in backend.eos_ids:
-                    end[r] = i + 1
+                    if i + 1 < positions:
+                        short.append((r, i + 1))
                     continue
                 still.append(r)
             active = still
     finally:
-        for r, n in enumerate(accepted):
-            if n:
-                sessions[r]._matcher.rollback(n)
-    for r in (range(num_rows) if lanes is None else lanes):
-        if sessions[r] is not None and end[r] < positions:
-            bitmask_view[r, end[r]:] = 0
-            status_view[r, end[r]:] = UNREACHABLE
+        for r, n in accepted.items():
+            sessions[r]._matcher.rollback(n)
+    for r, e in short:
+        bitmask_view[r, e:] = 0
+        status_view[r, e:] = UNREACHABLE
     return errors

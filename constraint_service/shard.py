@@ -25,7 +25,7 @@ from ninfer.constraint.v1 import constraint_pb2 as pb
 
 from .backend import CompiledConstraint
 from .errors import IntegrityError
-from .session import OutputSession, fill_rows
+from .session import OutputSession, advance_rows, fill_rows
 from .types import UNCONSTRAINED
 
 log = logging.getLogger("ninfer.sidecar")
@@ -166,6 +166,28 @@ class StepShard:
         with self._lock:
             self._sessions.clear()
 
+    def _commit_one_token_rows(self, rows: Sequence[StepRowTuple]) -> dict:
+        """Commit the rows of a Step that confirm exactly one token (every row of a plain decode step) in
+        one :func:`advance_rows` call: ``{index in rows: None or the row's IntegrityError}``. A request
+        closed in the same Step is left to :meth:`step`'s row order (its commit and its close)."""
+        closing = {r[0] for r in rows if r[4]}
+        sessions = self._sessions
+        idx: list[int] = []
+        batch: list[OutputSession] = []
+        toks: list[int] = []
+        for j, (rid, _lane, commit, _drafts, close) in enumerate(rows):
+            if close or len(commit) != 1 or rid in closing:
+                continue
+            live = sessions.get(rid)
+            if live is None:
+                continue
+            idx.append(j)
+            batch.append(live.session)
+            toks.append(commit[0])
+        if not idx:
+            return {}
+        return dict(zip(idx, advance_rows(batch, toks)))
+
     def step(self, bitmask, status, rows: Sequence[StepRowTuple]) -> list[list]:
         """The Step work of ``rows``: commit each row's tokens, then fill its lookahead masks.
 
@@ -190,7 +212,8 @@ class StepShard:
         idle: list[int] = []  # lanes of this shard's rows that get no masks
         seen: set[str] = set()
         chunks = _FillChunks(self._fill_pool, self.fill_chunk_rows, fill, drafts_of, bitmask, status, len(rows))
-        for rid, lane, commit, drafts, close in rows:
+        committed = self._commit_one_token_rows(rows)
+        for j, (rid, lane, commit, drafts, close) in enumerate(rows):
             if close:
                 if rid in seen:  # its lookahead fill may be running: let it end first
                     chunks.wait()
@@ -207,7 +230,11 @@ class StepShard:
             s = live.session
             if commit:
                 try:
-                    s.advance(commit)
+                    err = committed.get(j, False)
+                    if err is False:  # not committed above
+                        s.advance(commit)
+                    elif err is not None:
+                        raise err
                 except IntegrityError as e:
                     log.error("integrity error: request_id=%s row=%d tokens=%s: %s", rid, lane, list(commit), e)
                     out.append([rid, lane, INTEGRITY, False, False, str(e)])

@@ -128,6 +128,18 @@ class Backend(Protocol):
         """A fresh matcher at the start of the language of ``compiled`` (a backend-compiled grammar)."""
         ...
 
+    def batch_accept(self, matchers: Sequence[Matcher], tokens: Sequence[int]) -> list[bool]:
+        """``matchers[j].accept_token(tokens[j])`` for every ``j``, in one library call where it has one.
+
+        Args:
+            matchers: matchers made by this backend, none terminated, each at most once.
+            tokens: ``[len(matchers)]`` token ids in ``[0, V)``.
+
+        Returns:
+            per matcher whether its token was accepted (a rejected token leaves that matcher unchanged).
+        """
+        ...
+
     def batch_fill(self, matchers: Sequence[Matcher], bitmask: torch.Tensor, indices: list[int]) -> None:
         """Fill ``bitmask[indices[j]]`` for ``matchers[j]`` (none terminated).
 

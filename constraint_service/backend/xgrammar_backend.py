@@ -370,6 +370,32 @@ class XGrammarBackend:
         """A fresh matcher at the start of ``compiled``'s language."""
         return XGrammarMatcher(xgr.GrammarMatcher(compiled), self)
 
+    def batch_accept(self, matchers: Sequence["XGrammarMatcher"], tokens: Sequence[int]) -> list[bool]:
+        """Accept ``tokens[j]`` in ``matchers[j]`` through xgrammar's ``BatchGrammarMatcher.batch_accept_token``
+        (one call instead of one per row on the Step path).
+
+        Args:
+            matchers: this backend's matchers, none terminated, each at most once.
+            tokens: ``[len(matchers)]`` ids in ``[0, V)``; a padding id of a narrow backend
+                (>= :attr:`xgr_vocab_size`) is refused without asking xgrammar, as :meth:`XGrammarMatcher.accept_token`.
+
+        Returns:
+            per matcher: accepted (a refused token leaves its matcher unchanged).
+        """
+        limit = self.xgr_vocab_size
+        toks = [int(t) for t in tokens]
+        if len(toks) != len(matchers):
+            raise ValueError(f"batch_accept: {len(matchers)} matchers, {len(toks)} tokens")
+        keep = [j for j, t in enumerate(toks) if t < limit]
+        if len(keep) == len(toks):
+            return xgr.BatchGrammarMatcher.batch_accept_token([m._m for m in matchers], toks)
+        out = [False] * len(toks)
+        if keep:
+            got = xgr.BatchGrammarMatcher.batch_accept_token([matchers[j]._m for j in keep], [toks[j] for j in keep])
+            for j, ok in zip(keep, got):
+                out[j] = ok
+        return out
+
     # -- masks ----------------------------------------------------------------
     def batch_fill(self, matchers: Sequence["XGrammarMatcher"], bitmask: torch.Tensor,
                    indices: list[int]) -> None:

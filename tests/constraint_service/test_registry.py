@@ -89,6 +89,10 @@ class RecordingBackend:
         self.calls.append(("new_matcher",))
         return self._inner.new_matcher(compiled)
 
+    def batch_accept(self, matchers, tokens):
+        self.calls.append(("batch_accept", len(matchers)))
+        return self._inner.batch_accept(matchers, tokens)
+
     def batch_fill(self, matchers, bitmask, indices):
         self.calls.append(("batch_fill", len(matchers)))
         self._inner.batch_fill(matchers, bitmask, indices)

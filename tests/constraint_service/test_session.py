@@ -9,7 +9,7 @@ import pytest
 
 from conftest import EOS, SPECIAL, VOCAB, W, allowed_ids, make_session, session_mask, tok
 from constraint_service.errors import ConstraintError, IntegrityError
-from constraint_service.session import fill_rows
+from constraint_service.session import advance_rows, fill_rows
 from constraint_service.types import PreviewResult
 from constraint_service.types import DEAD_END, READY, UNCONSTRAINED, UNREACHABLE
 
@@ -160,6 +160,57 @@ def test_advance_is_preview_then_commit(compiler):
     c.preview([tok(b"ok")])
     with pytest.raises(IntegrityError, match="pending"):
         c.advance([ord("\n")])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_advance_rows_equals_advance_per_row_on_random_steps(compiler, seed):
+    """The Step path's batched one-token commit (one backend call for all rows) against ``advance([t])`` on a
+    twin session per row: same errors (messages), same states, on random steps mixing legal tokens, EOS,
+    rejected and out-of-range ids, terminated, closed and preview-pending sessions and a session listed twice."""
+    rng = random.Random(seed)
+    grammars = [STATUS_GRAMMAR, "root ::= [0-9]+", 'root ::= ("a" | "bc")* "."']
+    rows = [(make_session(compiler, "grammar", g), make_session(compiler, "grammar", g))
+            for g in (rng.choice(grammars) for _ in range(12))]
+    kinds = set()
+    for _ in range(25):
+        batch, twins, toks = [], [], []
+        for s, t in rows:
+            if s._closed:
+                continue
+            u = rng.random()
+            if u < 0.03:  # a preview left pending (both), then the commit of the step is refused
+                legal = [] if s.is_terminated else sorted(session_mask(s))
+                if legal:
+                    x = rng.choice(legal)
+                    s.preview([x]), t.preview([x])
+            legal = [] if s.is_terminated or s.preview_pending else sorted(session_mask(s))
+            v = rng.random()
+            x = (EOS if v < 0.15 else rng.randrange(VOCAB.vocab_size) if v < 0.3 or not legal
+                 else -1 if v < 0.33 else VOCAB.vocab_size + 3 if v < 0.36 else rng.choice(legal))
+            batch.append(s), twins.append(t), toks.append(x)
+            if rng.random() < 0.05:  # the same session twice in one call: committed in order
+                y = rng.choice(legal) if legal else EOS
+                batch.append(s), twins.append(t), toks.append(y)
+        got = advance_rows(batch, toks)
+        for s, t, x, err in zip(batch, twins, toks, got):
+            want = None
+            try:
+                t.advance([x])
+            except IntegrityError as e:
+                want = str(e)
+            assert (None if err is None else str(err)) == want
+            kinds.add("ok" if want is None else want.split(")")[-1].strip())
+        for s, t in rows:
+            if s.preview_pending:
+                s.discard(), t.discard()
+            assert (s.is_complete, s.is_terminated, s.num_committed_tokens) == (
+                t.is_complete, t.is_terminated, t.num_committed_tokens)
+            if not s.is_terminated and not s._closed:
+                assert state(s) == state(t)
+        if rng.random() < 0.1:
+            k = rng.randrange(len(rows))
+            rows[k][0].close(), rows[k][1].close()
+    assert {"ok", "rejected by the grammar", "after EOS"} <= kinds, kinds
 
 
 def test_a_token_after_eos_in_the_same_preview_is_rejected_and_nothing_stays(compiler):
