@@ -53,7 +53,7 @@ from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.base import Executor
 from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
 from gpu_engine.core.request import Request
-from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
+from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRows
 from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
 log = logging.getLogger("ninfer.engine")
@@ -373,19 +373,20 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         tp = now()
         out = prog.sample(batch, logits, words, status, enabled)
         tp = st.add_phase("sample", tp, now())
+        commit = self._commit
         for r, (toks, err) in zip(rows, out):
             if err is not None:
                 self._finish(r, "error", error=err)
                 continue
-            d = drafts.get(r.lane, [])
+            d = drafts.get(r.lane) if drafts else None  # a step without drafts skips the lookups
             if d:
                 acc = self._num_accepted(toks, d)
                 r.draft_tokens += len(d)
                 r.accepted_draft_tokens += acc
-                self.stats.draft_tokens += len(d)
-                self.stats.spec_rows += 1
-                self.stats.accepted_draft_tokens += acc
-            self._commit(r, toks)
+                st.draft_tokens += len(d)
+                st.spec_rows += 1
+                st.accepted_draft_tokens += acc
+            commit(r, toks)
         st.add_phase("commit", tp, now())
 
     def _send_step(self, seq: int, slot: int, constrained: list[Request], closing: list,
@@ -395,9 +396,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         try:
             if self.sidecar is None:
                 raise SidecarUnavailable("no sidecar")
-            self.sidecar.send_step(seq, slot, [
-                StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained]
-                + self._close_rows(closing), generation=self._step_gen)
+            # the rows as they are (no per-row objects): the socket transport writes their bytes directly
+            self.sidecar.send_step(seq, slot, StepRows(constrained, drafts, self._close_rows(closing)),
+                                   generation=self._step_gen)
         except SidecarUnavailable as e:
             self._sidecar_lost(constrained, str(e), closing)
             return False

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ninfer_common.errors import RowError
@@ -147,7 +148,8 @@ class MaskWait:
         # CPU: [B, K+1, W] int32 copy of the slot; CUDA: one async copy from the
         # registered ring into the device bitmask (prog.stage_masks documents both).
         words, status, nbytes = self.program.stage_masks(self.ring, batch)
-        enabled = torch.tensor([r.constraint is not None and not r.finished for r in rows], dtype=torch.bool)
+        enabled = torch.from_numpy(np.array([r.constraint is not None and not r.finished for r in rows],
+                                            dtype=np.bool_))  # via numpy: half the time of torch.tensor(list)
         self.stats.mask_h2d_bytes += nbytes
         self.stats.add_phase("stage", tr, time.perf_counter())
         return words, status, enabled
