@@ -53,7 +53,7 @@ from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.base import Executor
 from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
 from gpu_engine.core.request import Request
-from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRows
+from gpu_engine.sidecar.client import Sidecar, SidecarUnavailable, StepRow
 from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
 log = logging.getLogger("ninfer.engine")
@@ -396,9 +396,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         try:
             if self.sidecar is None:
                 raise SidecarUnavailable("no sidecar")
-            # the rows as they are (no per-row objects): the socket transport writes their bytes directly
-            self.sidecar.send_step(seq, slot, StepRows(constrained, drafts, self._close_rows(closing)),
-                                   generation=self._step_gen)
+            self.sidecar.send_step(seq, slot, [
+                StepRow(r.request_id, r.lane, list(r.pending_commit), drafts.get(r.lane, [])) for r in constrained]
+                + self._close_rows(closing), generation=self._step_gen)
         except SidecarUnavailable as e:
             self._sidecar_lost(constrained, str(e), closing)
             return False

@@ -37,11 +37,10 @@ from gpu_engine.sidecar.launch import (PRIVATE_DIR_PREFIX, STEP_SWITCH_INTERVAL_
                                       sweep_stale_private_dirs, wait_until_serving)
 from gpu_engine.sidecar.rows import PrepareInfo, RowStatus, StepRow, StepRowResult, step_request, step_results
 from gpu_engine.sidecar.stream import SocketStepStream, StepSocketRefused, StepStream, StreamBroken
-from gpu_engine.sidecar.wire import StepRows, encode_step_request
 from ninfer_common.step_socket import STEP_TRANSPORTS, step_socket_path
 
 __all__ = ["PRIVATE_DIR_PREFIX", "PrepareInfo", "RowStatus", "Sidecar", "SidecarUnavailable", "StepRow",
-           "StepRowResult", "StepRows", "sweep_stale_private_dirs"]
+           "StepRowResult", "sweep_stale_private_dirs"]
 
 _CACHE = {pb.CACHE_STATUS_HIT: CacheStatus.HIT, pb.CACHE_STATUS_BUILT: CacheStatus.BUILT,
           pb.CACHE_STATUS_WAITED: CacheStatus.WAITED}
@@ -379,10 +378,8 @@ class Sidecar:
             raise RowError("ConstraintServiceUnavailable", f"Close failed: {e.code().name}", status=Status.UNAVAILABLE) from None
         return r.complete, r.terminated, r.mask_positions, r.error
 
-    def send_step(self, step_seq: int, slot: int, rows: list[StepRow] | StepRows,
-                  generation: int | None = None) -> None:
-        """Send one Step message (non-blocking); ``rows``: :class:`StepRow` objects, or the engine's
-        :class:`~gpu_engine.sidecar.wire.StepRows` (the same rows without per-row objects).
+    def send_step(self, step_seq: int, slot: int, rows: list[StepRow], generation: int | None = None) -> None:
+        """Send one Step message (non-blocking).
 
         Raises:
             SidecarUnavailable: no usable stream, or the sidecar is not of ``generation`` any more (its
@@ -392,11 +389,9 @@ class Sidecar:
         if stream is None or self._lost or (generation is not None and stream.generation != generation):
             raise SidecarUnavailable("no Step stream" if stream is None or self._lost else
                                      f"the sidecar restarted (generation {stream.generation}, rows of {generation})")
+        msg = step_request(step_seq, slot, rows)
         try:
-            if stream.transport == "socket":  # the bytes written directly (gpu_engine.sidecar.wire)
-                stream.send_encoded(step_seq, encode_step_request(step_seq, slot, rows))
-            else:
-                stream.send(step_request(step_seq, slot, rows))
+            stream.send(msg)
         except StreamBroken as e:
             self.mark_lost(str(e), stream.generation)
             raise SidecarUnavailable(f"Step stream broke ({e})") from None

@@ -269,20 +269,11 @@ class SocketStepStream:
         Raises:
             StreamBroken: the stream is broken, or the write failed (the sidecar is gone).
         """
-        self.send_encoded(msg.step_seq, msg.SerializeToString())
-
-    def send_encoded(self, step_seq: int, body: bytes) -> None:
-        """Write a ``StepRequest`` already serialized (``body``; ``step_seq``: its sequence number, for the
-        trace), as :meth:`send` does (:func:`gpu_engine.sidecar.wire.encode_step_request` writes it).
-
-        Raises:
-            StreamBroken: the stream is broken, or the write failed (the sidecar is gone).
-        """
         if self.broken:
             self._fail(self.broken)
-        data = FRAME_MESSAGE + body
+        data = FRAME_MESSAGE + msg.SerializeToString()
         if self.trace is not None:
-            self.trace.append(("put", step_seq, time.perf_counter()))
+            self.trace.append(("put", msg.step_seq, time.perf_counter()))
         try:
             self._conn.send_bytes(data)
         except BlockingIOError:  # the send timeout: the sidecar has not read for the whole deadline
@@ -290,7 +281,7 @@ class SocketStepStream:
         except (OSError, ValueError) as e:  # ValueError: closed by close()
             self._fail(f"the Step socket failed ({type(e).__name__}: {e})")
         if self.trace is not None:
-            self.trace.append(("pull", step_seq, time.perf_counter()))
+            self.trace.append(("pull", msg.step_seq, time.perf_counter()))
 
     def recv(self, timeout: float | None = None) -> pb.StepResponse | None:
         """The next answer, waiting at most ``deadline_s`` seconds since the first wait for it.
