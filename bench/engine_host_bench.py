@@ -16,6 +16,8 @@ So every figure is engine-side host work on the critical path of a constrained s
 ``--publish deferred`` (the default) publishes plain rows' Deltas during the next step, as the engine does on
 CUDA (``Engine.defer_publish``); ``immediate`` publishes them at the commit, as on the CPU.
 Prepares run on the bench thread between steps (no Prepare threads: their GIL time would land in the phases).
+The start-up heap is frozen as ``ninfer serve`` freezes it (``ninfer_common/gc_heap.py``), and every run starts
+on an idle engine: the requests a run leaves are cancelled and their sessions closed before the next one.
 ``--profile N``: cProfile the measured steps of the last repeat and print the N functions with the most own time.
 ``--clock cpu`` times the phases in the engine thread's CPU time (``time.thread_time``) instead of wall time: on a
 small shared box the wall time of a phase also holds the time the thread was preempted (by the sidecar it has just
@@ -140,8 +142,22 @@ def build(max_lanes: int, publish: str):
     return engine, loaded
 
 
+def drain(engine, max_steps: int = 10_000) -> None:
+    """Cancel every request the last run left and step until the engine is idle (no resident row, no close
+    pending), so that the next run measures its own batch size only."""
+    for r in list(engine._lanes) + engine._drain_waiting():
+        if r is not None:
+            r.cancel()
+    for _ in range(max_steps):
+        if not engine.step() and engine.num_active == 0 and not engine._closing and engine._pending is None:
+            return
+    raise RuntimeError("the engine did not become idle")
+
+
 def run(args) -> dict:
     from engine_bench import Workload, closed_loop, load_schemas
+
+    from ninfer_common.gc_heap import freeze_heap
 
     engine, loaded = build(max(args.batches), args.publish)
     if args.clock == "cpu":
@@ -152,6 +168,7 @@ def run(args) -> dict:
     try:
         work = Workload(engine, loaded, args.variant, schemas, args.max_tokens)
         work.warm(threads=1)
+        freeze_heap("engine_host_bench")
         for rep in range(args.repeats):
             for b in args.batches:
                 last = rep == args.repeats - 1 and b == args.batches[-1] and args.profile
@@ -160,6 +177,7 @@ def run(args) -> dict:
                     step = engine.step
                     engine.step = lambda: prof.runcall(step)  # the measured steps (and the warm ones)
                 r = closed_loop(engine, work, b, args.warm_steps, args.steps, prepare_threads=0)
+                drain(engine)
                 if last:
                     del engine.step
                 out["runs"].append(dict(batch=b, repeat=rep, step_ms_p50=r["step_ms_p50"],

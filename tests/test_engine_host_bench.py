@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,3 +84,34 @@ def test_the_cpu_clock_times_the_engine_phases_in_thread_time(monkeypatch):
     t0, w0 = loop.time.perf_counter(), time.perf_counter()
     time.sleep(0.05)  # asleep: wall time passes, the thread's CPU time hardly does
     assert loop.time.perf_counter() - t0 < 0.02 < time.perf_counter() - w0
+
+
+def test_drain_cancels_what_a_run_left_and_steps_until_the_engine_is_idle():
+    rows, waiting = _rows(3), _rows(1)
+
+    class Engine:
+        _lanes, _closing, _pending, steps = [rows[0], None, rows[1], rows[2]], [], None, 0
+
+        def _drain_waiting(self):
+            return list(waiting)
+
+        def step(self):  # one resident request finishes per step (its close answered at once)
+            self.steps += 1
+            live = [i for i, r in enumerate(self._lanes) if r is not None]
+            if live:
+                assert self._lanes[live[0]].cancelled.is_set()
+                self._lanes[live[0]] = None
+            return bool(live)
+
+        @property
+        def num_active(self):
+            return sum(r is not None for r in self._lanes)
+
+    eng = Engine()
+    ehb.drain(eng)
+    assert eng.num_active == 0 and eng.steps == 4 and all(r.cancelled.is_set() for r in rows + waiting)
+    eng._lanes = [rows[0]]
+    eng.step = lambda: True  # never idle
+
+    with pytest.raises(RuntimeError):
+        ehb.drain(eng, max_steps=5)
