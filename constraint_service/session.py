@@ -328,12 +328,10 @@ def advance_rows(sessions: Sequence[OutputSession], tokens: Sequence[int]) -> li
         backend = sessions[rows[0]].compiled.backend
         oks = backend.batch_accept([sessions[j]._matcher for j in rows], [toks[j] for j in rows])
         for j, ok in zip(rows, oks):
+            if not ok:  # unchanged matcher: advance() below refuses it again and raises _accept's error
+                continue
             batched[j] = True
             s = sessions[j]
-            if not ok:
-                errors[j] = IntegrityError(f"committed token {toks[j]} (position 0 of 1 this step, "
-                                           f"{s._num_committed} overall) rejected by the grammar")
-                continue
             s._num_committed += 1
             m = s._matcher
             s._complete = m.is_completed()
@@ -383,7 +381,7 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
     flat = bitmask_view.reshape(-1, num_words)  # a view, never a copy (checked above)
     flat_t = _as_int32_tensor(flat)
     errors: list[Optional[IntegrityError]] = [None] * num_rows
-    short: list[tuple[int, int]] = []  # (row, end): positions end.. of the row are zeroed and UNREACHABLE
+    short: list[tuple[int, int]] = []  # (row, end): positions end.. (if any) are zeroed and UNREACHABLE
     accepted: dict[int, int] = {}  # row -> drafts accepted in its matcher (rolled back at the end)
     active: list[int] = []
     unconstrained: list[int] = []
@@ -435,30 +433,26 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
                     flat[tidx, -1] &= backend.tail_mask
             nonempty = _nonempty_rows(flat, idx, positions)
             # every row with no draft left ends here (all of them at K = 0): its status in one assignment
-            ends = [j for j, r in enumerate(active) if i == len(drafts_per_row[r])]
-            if len(ends) == len(active):
+            if all(i == len(drafts_per_row[r]) for r in active):
                 status_view[active, i] = np.where(nonempty, READY, DEAD_END)
-                if i + 1 < positions:
+                if i + 1 < positions:  # at K = 0 (one position) nothing follows: no per-row work at all
                     short.extend((r, i + 1) for r in active)
                 break
             still: list[int] = []
-            for j, (r, ok) in enumerate(zip(active, nonempty)):
+            for r, ok in zip(active, nonempty):
                 if not ok:
                     status_view[r, i] = DEAD_END
-                    if i + 1 < positions:
-                        short.append((r, i + 1))
+                    short.append((r, i + 1))
                     continue
                 status_view[r, i] = READY
                 drafts = drafts_per_row[r]
                 if i == len(drafts):
-                    if i + 1 < positions:
-                        short.append((r, i + 1))
+                    short.append((r, i + 1))
                     continue
                 d = int(drafts[i])
                 row = flat[r * positions + i]
                 if not (0 <= d < backend.vocab_size and (int(row[d >> 5]) >> (d & 31)) & 1):
-                    if i + 1 < positions:
-                        short.append((r, i + 1))
+                    short.append((r, i + 1))
                     continue
                 s = sessions[r]
                 if not s._matcher.accept_token(d):
@@ -467,8 +461,7 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
                     continue
                 accepted[r] = accepted.get(r, 0) + 1
                 if d in backend.eos_ids:
-                    if i + 1 < positions:
-                        short.append((r, i + 1))
+                    short.append((r, i + 1))
                     continue
                 still.append(r)
             active = still
@@ -476,6 +469,7 @@ def fill_rows(sessions: Sequence[Optional[OutputSession]], drafts_per_row: Seque
         for r, n in accepted.items():
             sessions[r]._matcher.rollback(n)
     for r, e in short:
-        bitmask_view[r, e:] = 0
-        status_view[r, e:] = UNREACHABLE
+        if e < positions:  # a row that ended at the last position has nothing after it
+            bitmask_view[r, e:] = 0
+            status_view[r, e:] = UNREACHABLE
     return errors
