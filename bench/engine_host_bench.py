@@ -54,7 +54,7 @@ def null_program_class():
     import numpy as np
     import torch
 
-    from gpu_engine.executor.eager import _row_error, Program
+    from gpu_engine.executor.eager import Program, one_token_results
     from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK
 
     class NullProgram(Program):
@@ -90,12 +90,7 @@ def null_program_class():
                 en = enabled.tolist() if enabled is not None else [True] * len(rows)
                 toks = [t if e else int(self._rng.integers(0, self.vocab_size)) for t, e in zip(toks, en)]
                 bad = [b and e for b, e in zip(bad, en)]
-            out = []
-            for r, t, b in zip(rows, toks, bad):
-                if r.output_ids:  # decode row: its input token is now in the KV cache
-                    r.num_cached += 1
-                out.append(([], _row_error(SAMPLE_ERR_EMPTY_MASK)) if b else ([int(t)], None))
-            return out
+            return one_token_results(rows, toks, [SAMPLE_ERR_EMPTY_MASK if b else 0 for b in bad])
 
     return NullProgram
 

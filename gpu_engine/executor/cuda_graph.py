@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ninfer_common.errors import RowError
-from gpu_engine.executor.eager import Program, _row_error, _slot_of
+from gpu_engine.executor.eager import Program, _slot_of, one_token_results
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
     _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
     _same_rows, _uses_filters, batch_buckets, context_buckets, prefill_graph_buckets, spec_finish_mode)
@@ -397,13 +397,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._run(self._fin_graphs, (bb, masked, filters), lambda: self._finish_phase(bb, masked, filters))
         self._out_host[:, :b].copy_(self._out[:, :b], non_blocking=self.is_cuda)
         self._wait_done(b, masked)
-        toks, errs = self._out_host[0, :b].tolist(), self._out_host[1, :b].tolist()
-        out = []
-        for r, t, e in zip(rows, toks, errs):
-            if r.output_ids:  # decode row: its input token is now in the KV cache
-                r.num_cached += 1
-            out.append(([], _row_error(e)) if e else ([int(t)], None))
-        return out
+        return one_token_results(rows, self._out_host[0, :b].tolist(), self._out_host[1, :b].tolist())
 
     def _spec_sample(self, batch: StepBatch, masked: bool,
                      enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:

@@ -33,6 +33,18 @@ def _row_error(code: int) -> RowError:
     return RowError("SamplingError", f"sampling error code {code}", status=Status.INTERNAL)
 
 
+def one_token_results(rows, tokens, errors) -> list:
+    """The executor's per-row sampling results of a plain (one-token) step: ``([token], None)``, or ``([], RowError)``
+    for a row whose sampler error code (``errors[i]``, 0 = none) is set; a decode row's input token is counted
+    into its KV cache (``num_cached += 1``)."""
+    out = []
+    for r, t, e in zip(rows, tokens, errors):
+        if r.output_ids:  # decode row: its input token is now in the KV cache
+            r.num_cached += 1
+        out.append(([], _row_error(e)) if e else ([int(t)], None))
+    return out
+
+
 def _slot_of(batch: StepBatch) -> int:
     if batch.slot == NO_SLOT:
         raise ValueError("stage_masks: the step batch has no ring slot (NO_SLOT)")
@@ -344,10 +356,4 @@ class Program:
         positions = torch.tensor([len(r.output_ids) for r in rows], dtype=torch.int64, device=self.device)
         tokens, err = sample(logits[:, 0], st, w0, en, positions)
         packed = torch.stack([tokens.to(torch.int64), err.to(torch.int64)]).tolist()  # the step's one read-back: [2][B]
-        tokens, err = packed[0], packed[1]
-        out = []
-        for r, t, e in zip(rows, tokens, err):
-            if r.output_ids:  # decode row: its input token is now in the KV cache
-                r.num_cached += 1
-            out.append(([], _row_error(e)) if e else ([int(t)], None))
-        return out
+        return one_token_results(rows, packed[0], packed[1])
