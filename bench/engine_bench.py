@@ -347,7 +347,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
     wait(preparing)  # the first batch is complete before the first step
     top_up()
     step_times, decode_times, decode_rates = [], [], []  # decode steps: wall s, tokens / wall s
-    idle, idle_wall, live_kv = [], [], []  # per decode step (no prefill): GPU idle ms, its wall ms, KV tokens
+    idle, idle_wall, idle_busy, live_kv = [], [], [], []  # per decode step (no prefill): GPU idle, wall, busy ms, KV tokens
+    ahead0 = (0, 0)
     timings0 = len(getattr(prog, "step_timings", []))
     tok0 = h2d0 = 0
     for i in range(warm_steps + steps):
@@ -359,6 +360,7 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
             seq0 = engine._seq  # Step messages after this one are measured (step_trace)
             timings0 = len(getattr(prog, "step_timings", []))
             w0 = len(st.per_step_wait_ms)
+            ahead0 = (getattr(engine, "steps_ahead", 0), getattr(engine, "ahead_discarded", 0))
         if not live and preparing:  # every lane waits for its Prepare: no step to run (nor to count) until one is done
             wait(preparing, return_when=FIRST_COMPLETED)
             top_up()
@@ -378,6 +380,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                 if len(st.per_step_gpu_idle_ms) > n_idle:
                     idle.append(st.per_step_gpu_idle_ms[-1])
                     idle_wall.append(st.per_step_wall_ms[-1])
+                    if st.idle_source == "cuda_events":
+                        idle_busy.append(st.per_step_gpu_busy_ms[-1])
         for rid, (r, t0) in list(live.items()):
             if r.finished:
                 del live[rid]
@@ -417,7 +421,12 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
                # headline overlap metric (EngineStats.per_step_gpu_idle_ms over the decode steps)
                gpu_idle_source=st.idle_source, gpu_idle_ms_p50=statistics.median(idle) if idle else None,
                gpu_idle_ms_mean=statistics.fmean(idle) if idle else None,
-               gpu_idle_pct=(100 * sum(idle) / sum(idle_wall)) if idle else None,
+               # over the window: 1 - GPU busy / wall (a step's busy time may start in the step before it when
+               # its forward was queued ahead, so per-step idle, clamped at 0, would undercount)
+               gpu_idle_pct=(100 * max(0.0, sum(idle_wall) - sum(idle_busy)) / sum(idle_wall) if idle_busy
+                             else 100 * sum(idle) / sum(idle_wall) if idle else None),
+               steps_ahead=getattr(engine, "steps_ahead", 0) - ahead0[0],
+               ahead_discarded=getattr(engine, "ahead_discarded", 0) - ahead0[1],
                live_kv_tokens_mean=statistics.fmean(live_kv) if live_kv else None,
                # engine-thread host time per step by phase (EngineStats.host_phase_s), mean over all measured steps
                host_phase_ms_mean={k: 1e3 * (v - phase0.get(k, 0.0)) / steps for k, v in st.host_phase_s.items()},
@@ -684,6 +693,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     from gpu_engine.engine.step_send import StepSendPolicy
 
     engine.step_send = StepSendPolicy(args.step_send)  # the Step's place around the forward launch (A/B, auto)
+    # overlap scheduling (gpu_engine.engine.overlap): the engine's default unless turned off (A/B)
+    engine.overlap_schedule = engine.overlap_schedule and args.overlap_schedule == "on"
     from ninfer_common.gc_heap import freeze_heap
 
     frozen = freeze_heap(f"engine_bench {label}")  # as ninfer serve after start-up (0 with --gc-freeze off)
@@ -694,7 +705,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                graph_capture_s=capture_s, max_lanes=max_lanes, gc_frozen_objects=frozen, max_seq_len=args.max_seq_len,
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
                step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
-               step_send=engine.step_send.mode,
+               step_send=engine.step_send.mode, overlap_schedule=engine.overlap_schedule,
                fused_sample=getattr(engine.program, "fused_sample", False),
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
@@ -1055,6 +1066,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")
+    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="on",
+                    help="queue a plain decode step's next forward before its tokens are read back (default on, as "
+                         "ninfer serve, where the executor supports it: CUDA graphs; off for A/B runs)")
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")
@@ -1113,6 +1127,7 @@ def main(argv=None) -> int:
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
         fill_rows_per_thread=args.fill_rows_per_thread,
         step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
+        overlap_schedule=args.overlap_schedule,
         gc_freeze=args.gc_freeze, prepare_threads=args.prepare_threads, grammar_cache_bytes=args.grammar_cache_bytes,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",

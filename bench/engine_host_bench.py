@@ -72,7 +72,7 @@ def null_program_class():
                     r.num_cached = len(r.prompt_ids)
             return self._logits[: batch.size]
 
-        def sample(self, batch, logits, words, status, enabled):
+        def sample(self, batch, logits, words, status, enabled, launch_next=None):
             """An allowed token per row, cheaply: a random set bit of a random non-zero mask word (masked rows;
             the eager masked sampler over V = 49,152 costs tens of ms a step here and is not the subject)."""
             rows = batch.rows

@@ -43,6 +43,7 @@ from gpu_engine.engine.closing import Closing
 from gpu_engine.engine.drafting import Drafting
 from gpu_engine.engine.mask_wait import DEFAULT_MASK_SOFT_WAIT_S, DEFERRED, MaskWait
 from gpu_engine.engine.output import OutputPublishing
+from gpu_engine.engine.overlap import Ahead, Overlap
 from gpu_engine.engine.step_send import StepSendPolicy
 from gpu_engine.engine.supervision import Supervision
 from gpu_engine.engine.metrics import EngineMetrics
@@ -60,7 +61,7 @@ log = logging.getLogger("ninfer.engine")
 _tracer = get_tracer("ninfer.gpu_engine")
 
 
-class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
+class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap):
     """Owns lanes, the mask ring, the sidecar and the worker thread.
 
     Args:
@@ -79,12 +80,14 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             up to 47% (the sidecar's Step work is longer than SmolLM2's forward); README "Step after launch".
         step_send: ``"before"``, ``"after"`` or ``"auto"`` (chosen from the measured Step work and forward
             time: :mod:`gpu_engine.engine.step_send`); overrides ``send_after_launch`` when given.
+        overlap_schedule: queue a plain decode step's next forward before its tokens are read back
+            (:mod:`gpu_engine.engine.overlap`); None = where the executor supports it (CUDA graphs).
     """
 
     def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
                  spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0,
                  mask_soft_wait_s: float = DEFAULT_MASK_SOFT_WAIT_S, send_after_launch: bool = False,
-                 step_send: str | None = None) -> None:
+                 step_send: str | None = None, overlap_schedule: bool | None = None) -> None:
         self.program = program
         self.vocab = vocab
         self.eos = frozenset(vocab.eos_ids)
@@ -103,6 +106,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         self._step_gen = 0  # sidecar generation of the step being built
         self._init_supervision()
         self._init_mask_wait(mask_soft_wait_s)
+        self._init_overlap(overlap_schedule)
         self._waiting: "queue.Queue[Request]" = queue.Queue()
         self._lanes: list[Request | None] = [None] * self.max_lanes
         self._seq = 0
@@ -200,6 +204,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 worked = self.step()
             except Exception:  # noqa: BLE001 - an engine bug must not kill the server silently
                 log.exception("engine step failed; failing resident requests")
+                self._discard_ahead()
                 pending, self._pending = self._pending, None
                 self._abandon_step(pending)  # the Step stream stays in step; closes it carried are published
                 for r in self._lanes:
@@ -236,11 +241,13 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         """Run one engine step; returns False when there was nothing to do."""
         ta = time.perf_counter()
         revived = self._revive()
-        self._admit()
+        if self._ahead is None:  # a forward queued ahead has this step's rows: new requests join the next one
+            self._admit()
         for r in self._lanes:
             if r is not None and r.cancelled.is_set():
                 self._finish(r, "cancelled")
         rows = self._runnable()
+        ahead = self._take_ahead(rows)
         if not rows:
             self._flush_outbox()  # no forward to overlap with (and maybe a blocking wait ahead): publish now
         if self._pending is not None:  # a Step answer is outstanding: poll it (block if nothing else can run)
@@ -255,7 +262,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         n_timings = len(timings) if timings is not None else 0
         n_waits = len(self.stats.per_step_wait_ms)
         prefill = any(not r.output_ids for r in rows)
-        self._traced_step_rows(rows)
+        self._traced_step_rows(rows, ahead)
         dt = time.perf_counter() - t0
         self.stats.step_s += dt
         self.metrics.step_done(dt)
@@ -263,24 +270,29 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
         record_idle(self.stats, self.step_send, self.program, dt, timings, n_timings, n_waits, prefill)
         return True
 
-    def _traced_step_rows(self, rows) -> None:
+    def _traced_step_rows(self, rows, ahead: Ahead | None = None) -> None:
         """Run the step's rows; with tracing on, inside an ``engine.step`` span linked to the rows'
         request spans (issue 14 (9)).  Without a tracer provider that exports
         (:func:`~ninfer_common.telemetry.tracing_active` False) neither the span nor its links are built:
         the per-step cost is one global read."""
         if not tracing_active():
-            self._step_rows(rows)
+            self._step_rows(rows, ahead)
             return
         with _tracer.start_as_current_span("engine.step", links=links_to(r.trace_context for r in rows)) as span:
             span.set_attribute("ninfer.batch_size", len(rows))
-            self._step_rows(rows)
+            self._step_rows(rows, ahead)
 
-    def _step_rows(self, rows: list[Request]) -> None:
-        """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit."""
+    def _step_rows(self, rows: list[Request], ahead: Ahead | None = None) -> None:
+        """One step of the resident ``rows``: drafts, Step message, forward, masks, sample, commit.
+        ``ahead``: this step's forward, already queued (its rows, in its batch order, replace ``rows``:
+        rows that finished since are dropped before sampling)."""
         prog = self.program
+        if ahead is not None:
+            rows = ahead.rows
         # rows of a dead sidecar generation are parked; while a Step is pending, no Step (closes wait too)
-        constrained, closing = self._constrained_of(rows) if self._pending is None else ([], [])
-        if len(constrained) != sum(r.constraint is not None for r in rows):
+        constrained, closing = self._constrained_of([r for r in rows if not r.finished]) if self._pending is None \
+            else ([], [])
+        if ahead is None and len(constrained) != sum(r.constraint is not None for r in rows):
             rows = [r for r in rows if not r.parked]
             if not rows:
                 self._closing[:0] = closing  # sent by the next step
@@ -288,7 +300,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 return
         st, now = self.stats, time.perf_counter
         td = now()
-        drafts, draft_q, deferred = self._propose_rows(rows)  # rows past their first token
+        drafts, draft_q, deferred = self._propose_rows(rows) if ahead is None else ({}, None, [])
         tp = now()
         dt = tp - td
         st.add_phase("drafts", td, tp)
@@ -304,7 +316,9 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
             seq = self._seq
             slot = seq % self.ring.geometry.num_slots
         logits = batch = None
-        if deferred:
+        if ahead is not None:  # queued during the last step's Finish (gpu_engine.engine.overlap)
+            batch, logits = self._ahead_batch(ahead, slot), ahead.logits
+        elif deferred:
             # Draft-ready overlap: queue the target forward with the device-side draft ids first;
             # block only on the ids' ready event, then send the Step (lookahead masks need the ids)
             # while the forward runs.
@@ -371,7 +385,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 words, status, enabled = select_mask_rows(words, status, enabled, sel)
         st, now = self.stats, time.perf_counter
         tp = now()
-        out = prog.sample(batch, logits, words, status, enabled)
+        # the next step's forward may be queued behind this Finish (gpu_engine.engine.overlap)
+        out = prog.sample(batch, logits, words, status, enabled, launch_next=self._ahead_launcher(rows, batch))
         tp = st.add_phase("sample", tp, now())
         commit = self._commit
         for r, (toks, err) in zip(rows, out):
@@ -387,6 +402,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait):
                 st.spec_rows += 1
                 st.accepted_draft_tokens += acc
             commit(r, toks)
+        self._check_ahead()
         st.add_phase("commit", tp, now())
 
     def _send_step(self, seq: int, slot: int, constrained: list[Request], closing: list,

@@ -58,10 +58,14 @@ class Executor(Protocol):
         ...
 
     def sample(self, batch: StepBatch, logits: torch.Tensor, words, status: torch.Tensor | None,
-               enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+               enabled: torch.Tensor | None, launch_next=None) -> list[tuple[list[int], RowError | None]]:
         """Sample (or verify the host drafts of) every row of ``batch`` (the forward's rows or a
         :meth:`~gpu_engine.core.batch.StepBatch.select` of them, no deferred drafts): per row the
-        committed tokens and an error or None. Advances ``num_cached`` of decode rows."""
+        committed tokens and an error or None. Advances ``num_cached`` of decode rows.
+
+        ``launch_next`` (overlap scheduling, :mod:`gpu_engine.engine.overlap`): an executor that can queue
+        the next step's forward ahead (it has ``forward_ahead``) calls it once this step's sampling is
+        queued and before it waits for the tokens; others never call it."""
         ...
 
     def release_lane(self, lane: int) -> None:

@@ -124,6 +124,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._lane_owner: list[Request | None] = [None] * L
         self._fwd_rows: list[Request] | None = None
         self._eager_step = False
+        self._h2d_pending = False  # an upload from _i64_host[0] may still be queued (see _host_inputs)
         self._step_mask_bytes = 0
         self.batch_buckets = batch_buckets(L)
         self.context_buckets = context_buckets(self.model_seq_len, graph_context)
@@ -154,7 +155,11 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             from gpu_engine import cuda as cu
 
             self._cu = cu
-            self._events = {k: cu.Event(timing=True) for k in ("start", "fwd", "mask", "done")}
+            # two sets of step events: a forward queued ahead (forward_ahead) records its own while the
+            # step before it still waits on its done event
+            self._event_sets = [{k: cu.Event(timing=True) for k in ("start", "fwd", "mask", "done")} for _ in range(2)]
+            self._events = self._event_sets[0]
+            self._h2d_done = cu.Event(timing=False)  # behind the last upload of the pinned forward inputs
             if ring is not None:
                 try:
                     self._registration = cu.HostRegistration(ring.buffer_address(), ring.nbytes, portable=True)
@@ -187,8 +192,10 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._registration.unregister()
             self._registration = None
         if self._events is not None:
-            for ev in self._events.values():
-                ev.destroy()
+            for events in self._event_sets:
+                for ev in events.values():
+                    ev.destroy()
+            self._h2d_done.destroy()
             self._events = None
 
     def release_lane(self, lane: int) -> None:
@@ -228,11 +235,11 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._lane_f32.copy_(self._lane_f32_host, non_blocking=True)
             self._lane_i64.copy_(self._lane_i64_host, non_blocking=True)
 
-    def _fill_finish_rows(self, h: np.ndarray, rows: list[Request], enabled: list[bool]) -> int:
+    def _fill_finish_rows(self, h: np.ndarray, rows: list[Request], enabled: list[bool], ahead: int = 0) -> int:
         b = len(rows)
         bb = self._bucket_of(b)
         h[_FIN_LANES, :b] = [r.lane for r in rows]
-        h[_FIN_POS, :b] = [len(r.output_ids) for r in rows]
+        h[_FIN_POS, :b] = [len(r.output_ids) + ahead for r in rows]  # the draw's position (seed 000 §sampling)
         h[_FIN_ENABLED, :b] = enabled
         h[_FIN_LANES, b:bb] = rows[0].lane
         h[_FIN_POS, b:bb] = 0
@@ -267,12 +274,52 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                     self._num_prefill = int(batch.prefill.sum())
                 return logits
             return super().forward(batch)
+        return self._forward_rows(batch, ahead=False)
+
+    @torch.inference_mode()
+    def forward_ahead(self, batch: StepBatch) -> torch.Tensor:
+        """Queue the forward of the step after the one being sampled (overlap scheduling), before that
+        step's tokens are on the host: ``[B, 1, V]`` float32 logits, as :meth:`forward`.
+
+        Called between the current step's Finish launch and its read-back wait
+        (:meth:`sample`'s ``launch_next``). ``batch`` must hold exactly the rows of the batch being sampled,
+        in its order, every one a decode row and none speculative or penalised: each row's input id is the
+        token the current Finish writes for it (``_out[0, i]``, read on the device; an error row's -1
+        reads as 0, and its logits are never sampled: the engine drops finished rows), at position
+        ``num_cached + 1`` (the current step's input is counted into ``num_cached`` only when its results
+        are read). ``batch.start`` is expected to be those positions.
+
+        Raises:
+            ValueError: a row is a prefill row, or the step would need the eager path.
+            gpu_engine.model.kv_cache.KVCacheFull: the block pool is exhausted.
+        """
+        if self._needs_eager(batch) or bool(batch.prefill.any()):
+            raise ValueError("forward_ahead: only plain decode rows can be queued ahead")
+        self._fwd_rows = self._spec_rows = None
+        self._step_mask_bytes = 0
+        self._eager_step = False
+        return self._forward_rows(batch, ahead=True)
+
+    def _host_inputs(self) -> np.ndarray:
+        """The pinned ``[6, L]`` int64 forward inputs, once their last upload has run (a forward queued
+        ahead is written while the previous one's upload may still be queued behind a Finish)."""
+        if self._h2d_pending:
+            self._h2d_done.synchronize()
+            self._h2d_pending = False
+        return self._i64_host[0].numpy()
+
+    def _forward_rows(self, batch: StepBatch, ahead: bool) -> torch.Tensor:
+        """The graph forward of ``batch``'s rows (decode rows through the Forward graphs, prefill rows
+        batched); ``ahead``: see :meth:`forward_ahead` (decode ids from ``_out``, positions + 1)."""
+        if self.is_cuda:  # this forward's events (the step before may still wait on its own set)
+            self._events = self._event_sets[self._events is self._event_sets[0]]
         rows = batch.rows
         self._record("start")
         self._sync_lane_params(rows)
         b = len(rows)
         h_t = self._i64_host[0]
-        h = h_t.numpy()
+        h = self._host_inputs()
+        step = int(ahead)  # a row queued ahead inputs the token being sampled now, one position further
         pf = batch.prefill.tolist()
         dec = [i for i in range(b) if not pf[i]]
         pre = [i for i in range(b) if pf[i]]
@@ -280,20 +327,25 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         if nd:
             bd = self._bucket_of(nd)
             drows = [rows[i] for i in dec]
-            self.reserve(drows, 1)
-            h[_FWD_IDS, :nd] = [r.output_ids[-1] for r in drows]
+            self.reserve(drows, 1 + step)
+            h[_FWD_IDS, :nd] = 0 if ahead else [r.output_ids[-1] for r in drows]
             h[_FWD_LANES, :nd] = [r.lane for r in drows]
-            h[_FWD_POS, :nd] = [r.num_cached for r in drows]
+            h[_FWD_POS, :nd] = [r.num_cached + step for r in drows]
             h[_FWD_IDS, nd:bd] = h[_FWD_IDS, 0]
             h[_FWD_LANES, nd:bd] = h[_FWD_LANES, 0]
             h[_FWD_POS, nd:bd] = self.scratch_pos
-            ctx = self._ctx_of(max(r.num_cached for r in drows) + 1)
-        self._fill_finish_rows(h, rows, [r.constraint is not None for r in rows])
+            ctx = self._ctx_of(max(r.num_cached for r in drows) + 1 + step)
+        self._fill_finish_rows(h, rows, [r.constraint is not None for r in rows], step)
         merge = bool(nd and pre) and dec != list(range(nd))
         if merge:  # row i of the step <- row merge[i] of [decode logits; prefill logits]
             h[_MERGE, dec] = np.arange(nd)
             h[_MERGE, pre] = np.arange(nd, b)
         self._i64.copy_(h_t, non_blocking=True)
+        if self.is_cuda:
+            self._h2d_done.record(self._stream())
+            self._h2d_pending = True
+        if ahead:  # this step's sampled tokens, still on the device (-1 on an error row: any valid id)
+            self._i64[_FWD_IDS, :nd] = self._out[0, :nd].clamp(min=0)
         if nd:
             self._run(self._fwd_graphs, (bd, ctx), lambda: self._forward_phase(bd, ctx))
         if pre:
@@ -355,12 +407,15 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
 
     @torch.inference_mode()
     def sample(self, batch: StepBatch, logits: torch.Tensor, words, status: torch.Tensor | None,
-               enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
+               enabled: torch.Tensor | None, launch_next=None) -> list[tuple[list[int], RowError | None]]:
         """Launch Finish, wait on the step's done event, return per-row ``(tokens, error)``.
 
         ``batch`` may be a :meth:`~gpu_engine.core.batch.StepBatch.select` of the forward's rows
         (rows failed by the sidecar are dropped by the engine); their logits are then gathered
         eagerly first. ``words`` is the :class:`RingMask` from :meth:`stage_masks` or None (unmasked).
+        ``launch_next``: called with no arguments once a plain step's Finish and read-back are queued and
+        before the wait (overlap scheduling: the engine queues the next forward there with
+        :meth:`forward_ahead`); not called on eager or speculative steps.
         """
         if self._spec_rows is not None:
             spec_rows, self._spec_rows = self._spec_rows, None
@@ -396,7 +451,14 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         bb = self._bucket_of(b)
         self._run(self._fin_graphs, (bb, masked, filters), lambda: self._finish_phase(bb, masked, filters))
         self._out_host[:, :b].copy_(self._out[:, :b], non_blocking=self.is_cuda)
-        self._wait_done(b, masked)
+        if launch_next is None:
+            self._wait_done(b, masked)
+        else:  # the next forward is queued behind this step's done event, then the wait: keep this step's state
+            events, prefill, nbytes = self._events, self._num_prefill, self._step_mask_bytes
+            if self.is_cuda:
+                events["done"].record(self._stream())
+            launch_next()
+            self._wait_done(b, masked, events=events, prefill=prefill, mask_bytes=nbytes, recorded=True)
         return one_token_results(rows, self._out_host[0, :b].tolist(), self._out_host[1, :b].tolist())
 
     def _spec_sample(self, batch: StepBatch, masked: bool,
@@ -427,16 +489,21 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self.spec_finish_steps += 1
         return verified_rows(rows, self._spec_out_host[:b].tolist())
 
-    def _wait_done(self, b: int, masked: bool, speculative: bool = False) -> None:
+    def _wait_done(self, b: int, masked: bool, speculative: bool = False, events: dict | None = None,
+                   prefill: int | None = None, mask_bytes: int | None = None, recorded: bool = False) -> None:
         """Record the step's done event behind the read-back copy and wait for it (CUDA), then append the
-        step's :class:`StepTiming` (events start / fwd / mask / done) when timing."""
+        step's :class:`StepTiming` (events start / fwd / mask / done) when timing. ``events``, ``prefill``,
+        ``mask_bytes``: the step's own when a forward queued ahead has replaced the current ones;
+        ``recorded``: the done event is already recorded (before that forward was queued)."""
+        ev = self._events if events is None else events
         if self.is_cuda:
-            done = self._events["done"]
-            done.record(self._stream())
+            done = ev["done"]
+            if not recorded:
+                done.record(self._stream())
             done.synchronize()
         if self.timing:
-            ev = self._events
             self.step_timings.append(StepTiming(
-                batch=b, prefill=self._num_prefill, masked=masked, forward_ms=ev["start"].elapsed_ms(ev["fwd"]),
-                gap_ms=ev["fwd"].elapsed_ms(ev["mask"]), finish_ms=ev["mask"].elapsed_ms(ev["done"]),
-                mask_bytes=self._step_mask_bytes, speculative=speculative))
+                batch=b, prefill=self._num_prefill if prefill is None else prefill, masked=masked,
+                forward_ms=ev["start"].elapsed_ms(ev["fwd"]), gap_ms=ev["fwd"].elapsed_ms(ev["mask"]),
+                finish_ms=ev["mask"].elapsed_ms(ev["done"]),
+                mask_bytes=self._step_mask_bytes if mask_bytes is None else mask_bytes, speculative=speculative))

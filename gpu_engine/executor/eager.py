@@ -329,8 +329,10 @@ class Program:
 
     @torch.inference_mode()
     def sample(self, batch: StepBatch, logits: torch.Tensor, words: torch.Tensor | None,
-               status: torch.Tensor | None, enabled: torch.Tensor | None) -> list[tuple[list[int], RowError | None]]:
-        """Sample (or verify drafts for) every row.
+               status: torch.Tensor | None, enabled: torch.Tensor | None,
+               launch_next=None) -> list[tuple[list[int], RowError | None]]:
+        """Sample (or verify drafts for) every row. ``launch_next`` is never called: this executor has no
+        forward to queue ahead (:meth:`gpu_engine.executor.cuda_graph.CudaProgram.forward_ahead`).
 
         Args:
             batch: the rows (the forward's, or a :meth:`~gpu_engine.core.batch.StepBatch.select` of

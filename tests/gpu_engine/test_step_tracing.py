@@ -39,7 +39,7 @@ def test_step_builds_no_span_or_links_when_tracing_is_off(monkeypatch):
     monkeypatch.setattr(loop, "_tracer", SimpleNamespace(start_as_current_span=boom))
     ran = []
     rows = _rows()
-    Engine._traced_step_rows(SimpleNamespace(_step_rows=ran.append), rows)
+    Engine._traced_step_rows(SimpleNamespace(_step_rows=lambda rs, ahead=None: ran.append(rs)), rows)
     assert ran == [rows]
 
 
@@ -57,5 +57,5 @@ def test_step_span_links_its_rows_when_tracing_is_on(monkeypatch):
     monkeypatch.setattr(loop, "_tracer", SimpleNamespace(start_as_current_span=start))
     ran = []
     rows = _rows()
-    Engine._traced_step_rows(SimpleNamespace(_step_rows=ran.append), rows)
+    Engine._traced_step_rows(SimpleNamespace(_step_rows=lambda rs, ahead=None: ran.append(rs)), rows)
     assert ran == [rows] and seen == {"name": "engine.step", "links": ["link", "link"], "ninfer.batch_size": 2}

@@ -1,0 +1,203 @@
+"""Overlap scheduling (:mod:`gpu_engine.engine.overlap`): the next plain decode step's forward is queued
+during this step's Finish, reading its input ids on the device.
+
+Real Engine, real CudaProgram phases (eager on the CPU, CUDA graphs on the device), a real tiny Llama
+(logits depend on the token *and* its position, so an input queued at the wrong position or with the
+wrong id changes the tokens), a real mask ring and the DFA sidecar of ``test_sidecar_replay``. Every
+request must get the same tokens and events with the overlap on and off (draws depend on seed and
+position only), while most steps actually run a forward queued ahead; requests that arrive, are
+cancelled or get forced tokens in the middle, and a sidecar that dies, must not change that.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import torch
+
+from gpu_engine.core.request import ConstraintRef, Request, SamplingOptions
+from gpu_engine.engine.loop import Engine, ring_geometry
+from gpu_engine.model.config import ModelConfig
+from gpu_engine.model.llama import build_model
+from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.sidecar.supervisor import SidecarState
+from shared_memory.ring import MaskRing
+
+from test_sidecar_replay import A, EOS, V, CrashingSidecar, _finish, _settled, _valid  # noqa: E402
+
+CFG = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=8, name="tiny")
+LANES, SEQ = 8, 64
+
+
+class ForcingEngine(Engine):
+    """Appends one forced token (as a thinking budget's forced close does) to request ``force_rid`` after its
+    ``force_at``-th token: the forward queued for it during that step no longer matches and is discarded."""
+
+    force_rid, force_at = "", 0
+
+    def _commit(self, r, toks):
+        super()._commit(r, toks)
+        if r.request_id == self.force_rid and len(r.output_ids) == self.force_at and not r.finished:
+            self.program.append_forced(r, [A])
+            r.output_ids.append(A)
+
+
+def _engine(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False):
+    from gpu_engine.executor.cuda_graph import CudaProgram
+
+    vocab = TokenVocabulary(V, tuple(bytes([65 + i]) for i in range(V)), frozenset({EOS}), (EOS,))
+    ring = MaskRing.create(f"ninfer-test-overlap-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_geometry(LANES, 0, V))
+    model = build_model(CFG, torch.device(device), torch.float32, LANES, SEQ, weights="random", seed=5)
+    prog = CudaProgram(model, V, torch.device(device), ring, use_graphs=use_graphs, prefill_graphs="off")
+    sc = CrashingSidecar(ring, crash_at)
+    sc.release.set()
+    eng = (ForcingEngine if forcing else Engine)(prog, vocab, sidecar=sc, ring=ring, overlap_schedule=overlap)
+    return eng, sc
+
+
+def _close(eng: Engine) -> None:
+    eng.program.close()
+    eng.ring.close()
+    eng.ring.unlink()
+
+
+def _requests(tag: str = "") -> list[Request]:
+    """Three DFA-constrained rows and five plain ones (temperatures 0.7-1.3, budgets 4-25)."""
+    out = []
+    for i in range(8):
+        cons = i < 3
+        out.append(Request(f"r{tag}{i}", [1 + i % 5, 2, 3 + i], 12 if cons else 4 + 3 * i,
+                           SamplingOptions(temperature=0.7 + 0.1 * i, seed=17 * i + 3),
+                           constraint=ConstraintRef("grammar", source="g", prefix=b"{") if cons else None,
+                           sidecar_generation=1))
+    return out
+
+
+def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False):
+    """Drive the engine step by step: 8 requests at once, 3 more after 5 steps (lanes are free only
+    once rows finish), one cancelled at step 9; returns per request ``(ids, event summary)`` and the engine's
+    counters."""
+    eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing)
+    if forcing:
+        eng.force_rid, eng.force_at = "r5", 3
+    seen = {}  # (request id, output position) -> the logits it was sampled from
+    sample = eng.program.sample
+
+    def recording_sample(batch, logits, *a, **kw):
+        for i, r in enumerate(batch.rows):
+            seen[(r.request_id, len(r.output_ids))] = logits[i, 0].float().cpu().clone()
+        return sample(batch, logits, *a, **kw)
+
+    eng.program.sample = recording_sample
+    try:
+        first, late = _requests(), _requests("late")[3:6]
+        for r in first:
+            if r.constraint is not None:
+                sc.state[r.request_id] = 0
+            eng.submit(r)
+        reqs = first + late
+        for step in range(3000):
+            if step == 5:
+                for r in late:
+                    eng.submit(r)
+            if step == 9:
+                first[7].cancelled.set()
+            if crash_at and eng.num_parked and sc.supervisor.state is SidecarState.DOWN:
+                sc.supervisor.state = SidecarState.UP  # restarted: the parked rows are re-prepared
+            eng.step()
+            if step > 9 and _settled(eng, reqs):
+                break
+        else:
+            raise AssertionError("the engine did not settle")
+        got = []
+        for r in reqs:
+            fin = _finish(r)
+            got.append((r.request_id, list(r.output_ids), fin.finish_reason, fin.error is None))
+            if r.constraint is not None and fin.finish_reason != "cancelled":
+                assert _valid(r), (r.request_id, r.output_ids)
+        return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays), seen
+    finally:
+        _close(eng)
+
+
+def _same_logits(a: dict, b: dict) -> None:
+    """Every (request, position) sampled in both runs was sampled from the same logits."""
+    common = a.keys() & b.keys()
+    assert len(common) > 50
+    for k in common:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=lambda m: f"{k}: {m}")
+
+
+def test_overlap_gives_the_same_tokens_and_most_steps_run_a_forward_queued_ahead():
+    off, (n_off, _, _), lo_off = _run("cpu", False)
+    on, (n_on, discarded, _), lo_on = _run("cpu", True)
+    assert on == off
+    _same_logits(lo_on, lo_off)
+    assert n_off == 0 and n_on >= 10, n_on
+    assert any(f[2] == "cancelled" for f in on) and sum(len(f[1]) for f in on) > 60
+
+
+def test_a_row_given_tokens_the_queued_forward_did_not_foresee_discards_it():
+    off, (_, d_off, _), lo_off = _run("cpu", False, forcing=True)
+    on, (n_on, discarded, _), lo_on = _run("cpu", True, forcing=True)
+    assert on == off and d_off == 0
+    _same_logits(lo_on, lo_off)
+    assert discarded >= 1 and n_on >= 10
+    assert [f[1][3] for f in on if f[0] == "r5"] == [A]  # the forced token is there
+
+
+def test_a_sidecar_that_dies_under_the_overlap_parks_and_replays_with_the_same_tokens():
+    ref, _, _ = _run("cpu", True)
+    got, (n_on, _, replays), _ = _run("cpu", True, crash_at=4)
+    assert replays == 3 and n_on >= 5
+    assert got == ref
+
+
+def test_forward_ahead_refuses_prefill_rows():
+    eng, _ = _engine("cpu", True)
+    try:
+        from gpu_engine.core.batch import build_step_batch
+
+        r = _requests()[4]
+        r.lane = 0
+        with pytest.raises(ValueError):
+            eng.program.forward_ahead(build_step_batch([r]))  # no output yet: a prefill row
+    finally:
+        _close(eng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_graphs", [True, False], ids=["graphs", "eager"])
+def test_cuda_overlap_gives_the_same_tokens(use_graphs):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    off, _, lo_off = _run("cuda", False, use_graphs=use_graphs)
+    on, (n_on, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs)
+    assert on == off and n_on >= 10
+    _same_logits(lo_on, lo_off)
+    forced_off, _, lo_off = _run("cuda", False, use_graphs=use_graphs, forcing=True)
+    forced_on, (_, discarded, _), lo_on = _run("cuda", True, use_graphs=use_graphs, forcing=True)
+    assert forced_on == forced_off and discarded >= 1
+    _same_logits(lo_on, lo_off)
+
+
+def test_overlap_is_on_by_default_only_where_a_forward_can_be_queued_ahead():
+    """Default: on for the CUDA-graph executor on CUDA; off on the CPU (a synchronous forward), where tests
+    turn it on; never for the eager Program (it has no ``forward_ahead``)."""
+    from gpu_engine.executor.eager import Program
+
+    for flag, want in ((None, False), (True, True), (False, False)):
+        eng, _ = _engine("cpu", flag)
+        try:
+            assert eng.overlap_schedule is want
+        finally:
+            _close(eng)
+    eng, sc = _engine("cpu", True)
+    try:
+        plain = Engine(Program(eng.program.model, V, torch.device("cpu")), eng.vocab, sidecar=sc, ring=eng.ring,
+                       overlap_schedule=True)
+        assert plain.overlap_schedule is False
+    finally:
+        _close(eng)
