@@ -44,7 +44,8 @@ class ForcingEngine(Engine):
             r.output_ids.append(A)
 
 
-def _engine(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False):
+def _engine(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False,
+            step_send: str = "after"):
     from gpu_engine.executor.cuda_graph import CudaProgram
 
     vocab = TokenVocabulary(V, tuple(bytes([65 + i]) for i in range(V)), frozenset({EOS}), (EOS,))
@@ -53,7 +54,8 @@ def _engine(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = Fa
     prog = CudaProgram(model, V, torch.device(device), ring, use_graphs=use_graphs, prefill_graphs="off")
     sc = CrashingSidecar(ring, crash_at)
     sc.release.set()
-    eng = (ForcingEngine if forcing else Engine)(prog, vocab, sidecar=sc, ring=ring, overlap_schedule=overlap)
+    eng = (ForcingEngine if forcing else Engine)(prog, vocab, sidecar=sc, ring=ring, overlap_schedule=overlap,
+                                                 step_send=step_send)
     return eng, sc
 
 
@@ -75,11 +77,15 @@ def _requests(tag: str = "") -> list[Request]:
     return out
 
 
-def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False):
+def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False,
+         step_send: str = "after"):
     """Drive the engine step by step: 8 requests at once, 3 more after 5 steps (lanes are free only
     once rows finish), one cancelled at step 9; returns per request ``(ids, event summary)`` and the engine's
     counters."""
-    eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing)
+    eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing, step_send)
+    queued = []  # per forward queued ahead: did it carry a constrained row
+    ahead = eng.program.forward_ahead
+    eng.program.forward_ahead = lambda b: (queued.append(any(r.constraint for r in b.rows)), ahead(b))[1]
     if forcing:
         eng.force_rid, eng.force_at = "r5", 3
     seen = {}  # (request id, output position) -> the logits it was sampled from
@@ -117,7 +123,8 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
             got.append((r.request_id, list(r.output_ids), fin.finish_reason, fin.error is None))
             if r.constraint is not None and fin.finish_reason != "cancelled":
                 assert _valid(r), (r.request_id, r.output_ids)
-        return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays), seen
+        eng.queued_constrained = any(queued)
+        return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays, any(queued)), seen
     finally:
         _close(eng)
 
@@ -131,17 +138,26 @@ def _same_logits(a: dict, b: dict) -> None:
 
 
 def test_overlap_gives_the_same_tokens_and_most_steps_run_a_forward_queued_ahead():
-    off, (n_off, _, _), lo_off = _run("cpu", False)
-    on, (n_on, discarded, _), lo_on = _run("cpu", True)
+    off, (n_off, _, _, _), lo_off = _run("cpu", False)
+    on, (n_on, discarded, _, cons), lo_on = _run("cpu", True)
     assert on == off
     _same_logits(lo_on, lo_off)
-    assert n_off == 0 and n_on >= 10, n_on
+    assert n_off == 0 and n_on >= 10 and cons, n_on
     assert any(f[2] == "cancelled" for f in on) and sum(len(f[1]) for f in on) > 60
 
 
+def test_constrained_rows_are_queued_ahead_only_while_the_step_goes_out_after_the_launch():
+    """With the Step sent before the forward (the sidecar slower than the forward), a step with constrained
+    rows launches its own forward; once only plain rows are left, their forwards are queued ahead."""
+    off, _, lo_off = _run("cpu", False, step_send="before")
+    on, (n_on, _, _, cons), lo_on = _run("cpu", True, step_send="before")
+    assert on == off and n_on >= 5 and not cons
+    _same_logits(lo_on, lo_off)
+
+
 def test_a_row_given_tokens_the_queued_forward_did_not_foresee_discards_it():
-    off, (_, d_off, _), lo_off = _run("cpu", False, forcing=True)
-    on, (n_on, discarded, _), lo_on = _run("cpu", True, forcing=True)
+    off, (_, d_off, _, _), lo_off = _run("cpu", False, forcing=True)
+    on, (n_on, discarded, _, cons), lo_on = _run("cpu", True, forcing=True)
     assert on == off and d_off == 0
     _same_logits(lo_on, lo_off)
     assert discarded >= 1 and n_on >= 10
@@ -150,7 +166,7 @@ def test_a_row_given_tokens_the_queued_forward_did_not_foresee_discards_it():
 
 def test_a_sidecar_that_dies_under_the_overlap_parks_and_replays_with_the_same_tokens():
     ref, _, _ = _run("cpu", True)
-    got, (n_on, _, replays), _ = _run("cpu", True, crash_at=4)
+    got, (n_on, _, replays, _), _ = _run("cpu", True, crash_at=4)
     assert replays == 3 and n_on >= 5
     assert got == ref
 
@@ -174,11 +190,11 @@ def test_cuda_overlap_gives_the_same_tokens(use_graphs):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     off, _, lo_off = _run("cuda", False, use_graphs=use_graphs)
-    on, (n_on, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs)
+    on, (n_on, _, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs)
     assert on == off and n_on >= 10
     _same_logits(lo_on, lo_off)
     forced_off, _, lo_off = _run("cuda", False, use_graphs=use_graphs, forcing=True)
-    forced_on, (_, discarded, _), lo_on = _run("cuda", True, use_graphs=use_graphs, forcing=True)
+    forced_on, (_, discarded, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs, forcing=True)
     assert forced_on == forced_off and discarded >= 1
     _same_logits(lo_on, lo_off)
 
