@@ -693,8 +693,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     from gpu_engine.engine.step_send import StepSendPolicy
 
     engine.step_send = StepSendPolicy(args.step_send)  # the Step's place around the forward launch (A/B, auto)
-    # overlap scheduling (gpu_engine.engine.overlap): the engine's default unless turned off (A/B)
-    engine.overlap_schedule = engine.overlap_schedule and args.overlap_schedule == "on"
+    # overlap scheduling (gpu_engine.engine.overlap), where the executor has forward_ahead (A/B)
+    engine.overlap_schedule = args.overlap_schedule == "on" and hasattr(engine.program, "forward_ahead")
     from ninfer_common.gc_heap import freeze_heap
 
     frozen = freeze_heap(f"engine_bench {label}")  # as ninfer serve after start-up (0 with --gc-freeze off)
@@ -1066,9 +1066,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")
-    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="on",
-                    help="queue a plain decode step's next forward before its tokens are read back (default on, as "
-                         "ninfer serve, where the executor supports it: CUDA graphs; off for A/B runs)")
+    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="off",
+                    help="queue a plain decode step's next forward before its tokens are read back (CUDA graphs; "
+                         "default off, as ninfer serve)")
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")
