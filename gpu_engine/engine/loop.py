@@ -50,6 +50,7 @@ from gpu_engine.engine.metrics import EngineMetrics
 from gpu_engine.engine.stats import EngineStats, record_idle, ring_geometry  # noqa: F401 - ring_geometry re-exported
 from gpu_engine.model.tokenizer import IncrementalDetokenizer
 from gpu_engine.model.vocab import TokenVocabulary
+from gpu_engine.cuda.transfer import to_device_async
 from gpu_engine.executor import select_mask_rows
 from gpu_engine.executor.base import Executor
 from gpu_engine.core.batch import NO_SLOT, StepBatch, build_step_batch
@@ -380,7 +381,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
             sel = torch.tensor(live_idx)
             rows = [rows[i] for i in live_idx]
             batch = batch.select(live_idx)
-            logits = logits.index_select(0, sel.to(logits.device))  # sel is CPU; logits may be CUDA
+            logits = logits.index_select(0, to_device_async(sel, logits.device))  # no host wait on the stream
             if words is not None:
                 words, status, enabled = select_mask_rows(words, status, enabled, sel)
         st, now = self.stats, time.perf_counter

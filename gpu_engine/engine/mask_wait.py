@@ -34,6 +34,7 @@ import torch
 from ninfer_common.errors import RowError
 
 from gpu_engine.core.batch import StepBatch, build_step_batch
+from gpu_engine.cuda.transfer import to_device_async
 from gpu_engine.core.request import Request
 from gpu_engine.sidecar.client import RowStatus, SidecarUnavailable
 
@@ -162,13 +163,13 @@ class MaskWait:
         pi = [i for i, r in enumerate(rows) if id(r) in con]
         ui = [i for i, r in enumerate(rows) if id(r) not in con]
         # index_select copies: the saved logits survive the executor's next forward (CUDA graphs reuse a buffer)
-        self._pending = _PendingStep(seq, batch.select(pi), logits.index_select(0, torch.tensor(pi, dtype=torch.int64).to(logits.device)),
+        self._pending = _PendingStep(seq, batch.select(pi), logits.index_select(0, to_device_async(torch.tensor(pi, dtype=torch.int64), logits.device)),
                                      closing, {r.lane: drafts[r.lane] for r in constrained if r.lane in drafts},
                                      self._waited_s)
         self.stats.mask_waits_deferred += 1
         self.metrics.mask_wait_deferred()
         sel = torch.tensor(ui, dtype=torch.int64)  # may be empty: a step of constrained rows only
-        return [rows[i] for i in ui], batch.select(ui).without_masks(), logits.index_select(0, sel.to(logits.device))
+        return [rows[i] for i in ui], batch.select(ui).without_masks(), logits.index_select(0, to_device_async(sel, logits.device))
 
     def _defer_closes(self, seq: int, slot: int, closing: list) -> None:
         """A close-only Step whose answer is outstanding becomes the pending step (no rows to sample)."""

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ninfer_common.errors import RowError
-from gpu_engine.executor.eager import Program, _slot_of, one_token_results
+from gpu_engine.executor.eager import Program, _slot_of, one_token_results, to_device_async
 from gpu_engine.executor.graph_buckets import (  # noqa: F401 - the packed-row indices are re-exported for benches
     _FIN_ENABLED, _FIN_LANES, _FIN_POS, _FWD_IDS, _FWD_LANES, _FWD_POS, _MERGE, _NUM_I64, RingMask, StepTiming,
     _same_rows, _uses_filters, batch_buckets, context_buckets, prefill_graph_buckets, spec_finish_mode)
@@ -439,7 +439,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         masked = words is not None
         if not _same_rows(fwd, rows):
             pos = {id(r): i for i, r in enumerate(fwd)}
-            idx = torch.tensor([pos[id(r)] for r in rows], device=self.device)
+            idx = to_device_async(torch.tensor([pos[id(r)] for r in rows]), self.device)  # no host wait
             self.logits[:b].copy_(self.logits.index_select(0, idx))
             h_t = self._i64_host[1]
             en = enabled.tolist() if enabled is not None else [r.constraint is not None for r in rows]
