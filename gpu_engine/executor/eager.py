@@ -76,6 +76,7 @@ class Program:
         self.max_lanes = model.max_lanes
         self.max_seq_len = model.max_seq_len
         self._kv_reserve = getattr(model, "reserve", None)  # paged KV cache (test doubles may have none)
+        self._kv_reserve_lanes = getattr(model, "reserve_lanes", None)  # all rows of a step at once
         self._kv_release = getattr(model, "release", None)
 
     def reserve(self, rows: Sequence[Request], t: int) -> None:
@@ -83,14 +84,17 @@ class Program:
 
         Called before every forward that writes KV (prefill pieces with their padding, decode and
         verify rows, draft passes). Host-only unless a lane crosses a block boundary (then one
-        small block-table copy, stream-ordered before the forward).
+        small block-table copy for all the rows, stream-ordered before the forward).
 
         Raises:
             gpu_engine.model.kv_cache.KVCacheFull: the block pool is exhausted.
         """
+        cap = self.model.max_seq_len
+        if self._kv_reserve_lanes is not None:
+            self._kv_reserve_lanes([r.lane for r in rows], [min(cap, r.num_cached + t) for r in rows])
+            return
         if self._kv_reserve is None:
             return
-        cap = self.model.max_seq_len
         for r in rows:
             self._kv_reserve(r.lane, min(cap, r.num_cached + t))
 

@@ -19,6 +19,8 @@ never reads anything back, so it stays capturable in a CUDA graph (the table is 
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 __all__ = ["KVCacheFull", "PagedKVCache", "DEFAULT_BLOCK_SIZE"]
@@ -79,29 +81,54 @@ class PagedKVCache:
         return list(self._owned[lane])
 
     def reserve(self, lane: int, num_positions: int) -> None:
-        """Make positions ``[0, num_positions)`` of ``lane`` writable (capped at ``max_seq_len``).
-
-        Allocates the missing blocks from the pool and writes them into the device block table
-        (one small host-to-device copy, stream-ordered before the next forward). No-op when the
-        lane already owns enough blocks.
+        """Make positions ``[0, num_positions)`` of ``lane`` writable (capped at ``max_seq_len``):
+        :meth:`reserve_lanes` of one lane.
 
         Raises:
             KVCacheFull: the pool has fewer free blocks than needed (nothing is allocated then).
         """
-        need = min(-(-int(num_positions) // self.block_size), self.blocks_per_lane)
-        owned = self._owned[lane]
-        have = len(owned)
-        if need <= have:
+        self.reserve_lanes((lane,), (num_positions,))
+
+    def reserve_lanes(self, lanes: Sequence[int], num_positions: Sequence[int]) -> None:
+        """Make positions ``[0, num_positions[i])`` of each ``lanes[i]`` writable (capped at ``max_seq_len``).
+
+        Allocates the missing blocks from the pool and writes all of them into the device block table
+        at once: one pinned ``[3, n]`` int64 host-to-device copy (lane, column, block of each new entry)
+        and one scatter, stream-ordered before the next forward, so the host never waits on the
+        stream. A step whose rows cross block boundaries pays that once, not once per row (with a
+        copy per row, 128 rows took 0.65 ms of host time per step on the H200 host). No-op for lanes
+        that already own enough blocks.
+
+        Raises:
+            KVCacheFull: the pool has fewer free blocks than all the lanes need together (nothing is
+                allocated then).
+        """
+        plan = []
+        total = 0
+        bs, cap, owned = self.block_size, self.blocks_per_lane, self._owned
+        for lane, n in zip(lanes, num_positions):
+            need = min(-(-int(n) // bs), cap)
+            have = len(owned[lane])
+            if need > have:
+                plan.append((lane, have, need))
+                total += need - have
+        if not plan:
             return
-        if need - have > len(self._free):
-            raise KVCacheFull(f"KV cache full: lane {lane} needs {need - have} more blocks of "
-                              f"{self.block_size} positions, {len(self._free)} free of {self.num_blocks}")
-        new = [self._free.pop() for _ in range(need - have)]
-        owned.extend(new)
-        src = torch.tensor(new, dtype=torch.int64)
+        if total > len(self._free):
+            what = (f"lane {plan[0][0]} needs {total}" if len(plan) == 1 else f"{len(plan)} lanes need {total}")
+            raise KVCacheFull(f"KV cache full: {what} more blocks of {bs} positions, "
+                              f"{len(self._free)} free of {self.num_blocks}")
+        entries: list[list[int]] = [[], [], []]  # lane, column, block of each new table entry
+        for lane, have, need in plan:
+            new = [self._free.pop() for _ in range(need - have)]
+            owned[lane].extend(new)
+            entries[0] += [lane] * len(new)
+            entries[1] += range(have, need)
+            entries[2] += new
+        src = torch.tensor(entries, dtype=torch.int64)
         if self.block_table.is_cuda:  # pinned + non_blocking: no host sync (the caching host allocator
-            src = src.pin_memory()    # keeps the pinned block alive until the copy has run)
-        self.block_table[lane, have:need].copy_(src, non_blocking=self.block_table.is_cuda)
+            src = src.pin_memory().to(self.block_table.device, non_blocking=True)  # keeps it until the copy ran)
+        self.block_table[src[0], src[1]] = src[2]
 
     def reserve_all(self) -> None:
         """Reserve ``max_seq_len`` positions for every lane (callers that drive ``forward`` directly:

@@ -247,6 +247,14 @@ class LlamaModel(nn.Module):
         """
         self.kv.reserve(lane, num_positions)
 
+    def reserve_lanes(self, lanes, num_positions) -> None:
+        """:meth:`reserve` of many lanes at once (see :meth:`PagedKVCache.reserve_lanes`: one block-table copy).
+
+        Raises:
+            KVCacheFull: the block pool cannot hold what the lanes need together (nothing is allocated).
+        """
+        self.kv.reserve_lanes(lanes, num_positions)
+
     def release(self, lane: int) -> None:
         """Return ``lane``'s KV blocks to the pool."""
         self.kv.release(lane)

@@ -111,3 +111,26 @@ _KERNEL_CHECK = textwrap.dedent("""
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
 def test_triton_kernel_matches_dense_in_interpreter(triton_interpreter) -> None:
     triton_interpreter(_KERNEL_CHECK, "KERNEL-OK")
+
+
+def test_reserve_lanes_writes_every_new_entry_at_once_and_all_or_nothing() -> None:
+    """Many lanes in one call: the same table as one reserve per lane, and a batch that does not fit
+    allocates nothing (not the lanes before the one that failed)."""
+    one = PagedKVCache(1, 1, 8, max_lanes=4, max_seq_len=64, block_size=4, num_blocks=40)
+    many = PagedKVCache(1, 1, 8, max_lanes=4, max_seq_len=64, block_size=4, num_blocks=40)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        lanes = torch.randperm(4, generator=g)[:3].tolist()
+        want = [int(x) for x in torch.randint(0, 30, (3,), generator=g)]
+        for lane, n in zip(lanes, want):
+            one.reserve(lane, n)
+        many.reserve_lanes(lanes, want)
+        assert torch.equal(one.block_table, many.block_table)
+        assert [one.blocks_of(i) for i in range(4)] == [many.blocks_of(i) for i in range(4)]
+    small = PagedKVCache(1, 1, 8, max_lanes=4, max_seq_len=64, block_size=4, num_blocks=20)
+    small.reserve_lanes([2], [8])
+    table = small.block_table.clone()
+    with pytest.raises(KVCacheFull, match="2 lanes need 32 more blocks"):
+        small.reserve_lanes([0, 1], [64, 64])  # 16 blocks each: either fits alone, not both
+    assert small.free_blocks == 18 and torch.equal(small.block_table, table)
+    assert small.blocks_of(0) == small.blocks_of(1) == []
