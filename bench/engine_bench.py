@@ -1066,9 +1066,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")
-    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="off",
+    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="on",
                     help="queue a plain decode step's next forward before its tokens are read back (CUDA graphs; "
-                         "default off, as ninfer serve)")
+                         "default on, as ninfer serve; off for A/B runs)")
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")

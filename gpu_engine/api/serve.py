@@ -95,11 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "after launch'). 'auto' (default) chooses from the measured Step work and forward time: "
                          "after while the work is under 0.6x the forward, before again from 0.8x; before until "
                          "measured (a CPU engine records no forward times: always before)")
-    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="off",
+    ap.add_argument("--overlap-schedule", choices=["on", "off"], default="on",
                     help="queue a plain decode step's next forward on the GPU before the step's tokens are read "
-                         "back, so the GPU does not wait for the host between steps (CUDA graphs only). It lifted "
-                         "an 8B-shaped model's decode by 14-20%% at B = 64 and slowed SmolLM2 at B = 128 (README "
-                         "'Overlap scheduling'). Default off")
+                         "back, so the GPU does not wait for the host between steps (CUDA graphs only; README "
+                         "'Overlap scheduling'). Default on; off for A/B runs")
     ap.add_argument("--sidecar-max-restarts", type=int, default=5, metavar="N",
                     help="past N sidecar restarts within 60 s, constrained requests fail with "
                          "ConstraintServiceUnavailable instead of waiting for it (default 5)")
@@ -200,7 +199,7 @@ def build_stack(args: argparse.Namespace):
     program.prefill_threads = prefill_threads
     engine = Engine(program, vocab, sidecar=sidecar, ring=ring, spec_method=args.speculative,
                     num_draft_tokens=k, draft_layers=args.draft_layers, mask_soft_wait_s=args.mask_soft_wait / 1e3,
-                    step_send=args.step_send, overlap_schedule=args.overlap_schedule == "on")
+                    step_send=args.step_send, overlap_schedule=None if args.overlap_schedule == "on" else False)
     frontend = Frontend(loaded.tokenizer, lambda msgs, agp: loaded.render_chat(msgs, agp))
     return engine, frontend, loaded
 

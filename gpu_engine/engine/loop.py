@@ -82,13 +82,13 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         step_send: ``"before"``, ``"after"`` or ``"auto"`` (chosen from the measured Step work and forward
             time: :mod:`gpu_engine.engine.step_send`); overrides ``send_after_launch`` when given.
         overlap_schedule: queue a plain decode step's next forward before its tokens are read back
-            (:mod:`gpu_engine.engine.overlap`; the CUDA-graph executor only); off by default.
+            (:mod:`gpu_engine.engine.overlap`; the CUDA-graph executor only); None = on CUDA.
     """
 
     def __init__(self, program: Executor, vocab: TokenVocabulary, *, sidecar: Sidecar | None, ring: MaskRing | None,
                  spec_method: str = "none", num_draft_tokens: int = 0, draft_layers: int = 0,
                  mask_soft_wait_s: float = DEFAULT_MASK_SOFT_WAIT_S, send_after_launch: bool = False,
-                 step_send: str | None = None, overlap_schedule: bool = False) -> None:
+                 step_send: str | None = None, overlap_schedule: bool | None = None) -> None:
         self.program = program
         self.vocab = vocab
         self.eos = frozenset(vocab.eos_ids)

@@ -21,12 +21,11 @@ row in a way the queued forward did not foresee (a thinking budget's forced clos
 queued forward is discarded and the next step runs its own: the same inputs at the same positions, so the
 same KV and the same draws (draws depend on seed and position only, seed 000 §sampling).
 
-Opt-in (``ninfer serve --overlap-schedule on``). Measured on the H200 (2026-12-04, revision ``37dcba1``,
-``bench/results/session24_overlap/``): on the Llama-3.1-8B shape at B = 64 it lifts decode from 10,436 to
-11,928 tok/s unconstrained and from 9,787 to 11,730 JSON Schema (constrained / unconstrained 0.94 -> 0.98);
-on SmolLM2 it lifted unconstrained B = 64 by 3-15% but lowered B = 128 by 6-23% in two same-run A/Bs. There the
-host time of the queued launch itself grew to ~1.2 ms per step (0.17 ms of Python on the CPU): the launch
-blocks on something the running step holds, not yet found. Until it is, the default stays off.
+On by default on CUDA (``ninfer serve --overlap-schedule off`` for A/B runs). Measured on the H200
+(2026-12-04, revision ``7fcef54``, ``bench/results/session24_overlap/run3``, decode tok/s off -> on): SmolLM2
+unconstrained 33,933 -> 41,827 at B = 64 and 56,900 -> 71,826 at B = 128; the Llama-3.1-8B shape at B = 64
+10,464 -> 11,873 unconstrained and 10,091 -> 11,711 JSON Schema; the Qwen3-8B shape 10,150 -> 11,596 and
+9,935 -> 10,554.
 """
 from __future__ import annotations
 
@@ -56,15 +55,17 @@ class Overlap:
     """Engine mixin: queue the next forward during this step's Finish (:mod:`gpu_engine.engine.overlap`).
 
     Attributes:
-        overlap_schedule: on where the executor has ``forward_ahead`` (the CUDA-graph executor; tests turn it
-            on for that executor on the CPU) and asked for (``ninfer serve --overlap-schedule on``); off by default (every forward is launched by its own step: ``ninfer serve --overlap-schedule off``).
+        overlap_schedule: on where the executor has ``forward_ahead`` (the CUDA-graph executor): by default on
+            CUDA, off on the CPU (tests turn it on there); ``ninfer serve --overlap-schedule off`` turns it off (every forward is launched by its own step: ``ninfer serve --overlap-schedule off``).
         steps_ahead: steps whose forward was queued ahead and used; ``ahead_discarded``: queued and then
             not used (a row changed beyond the queued inputs, or rows joined).
     """
 
     def _init_overlap(self, overlap_schedule: bool | None) -> None:
         supported = hasattr(self.program, "forward_ahead")
-        self.overlap_schedule = bool(overlap_schedule and supported)  # opt-in: see the module docstring
+        if overlap_schedule is None:  # a CPU forward is synchronous: nothing to overlap
+            overlap_schedule = self.program.device.type == "cuda"
+        self.overlap_schedule = bool(overlap_schedule and supported)
         self._ahead: Ahead | None = None
         self.steps_ahead = 0
         self.ahead_discarded = 0

@@ -199,9 +199,9 @@ def test_cuda_overlap_gives_the_same_tokens(use_graphs):
     _same_logits(lo_on, lo_off)
 
 
-def test_overlap_is_off_by_default_and_only_for_an_executor_that_can_queue_ahead():
-    """Default off (opt-in: ``ninfer serve --overlap-schedule on``); never for the eager Program (it has no
-    ``forward_ahead``)."""
+def test_overlap_is_on_by_default_only_where_a_forward_can_be_queued_ahead():
+    """Default: on for the CUDA-graph executor on CUDA, off on the CPU (a synchronous forward; tests turn it
+    on); never for the eager Program (it has no ``forward_ahead``)."""
     from gpu_engine.executor.eager import Program
 
     for flag, want in ((False, False), (True, True)):
@@ -212,9 +212,20 @@ def test_overlap_is_off_by_default_and_only_for_an_executor_that_can_queue_ahead
             _close(eng)
     eng, sc = _engine("cpu", True)
     try:
-        assert Engine(eng.program, eng.vocab, sidecar=sc, ring=eng.ring).overlap_schedule is False
+        assert Engine(eng.program, eng.vocab, sidecar=sc, ring=eng.ring).overlap_schedule is False  # CPU
         plain = Engine(Program(eng.program.model, V, torch.device("cpu")), eng.vocab, sidecar=sc, ring=eng.ring,
                        overlap_schedule=True)
         assert plain.overlap_schedule is False
+    finally:
+        _close(eng)
+
+
+@pytest.mark.gpu
+def test_overlap_is_on_by_default_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    eng, sc = _engine("cuda", True, use_graphs=True)
+    try:
+        assert Engine(eng.program, eng.vocab, sidecar=sc, ring=eng.ring).overlap_schedule is True
     finally:
         _close(eng)
