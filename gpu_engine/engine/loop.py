@@ -242,13 +242,17 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         """Run one engine step; returns False when there was nothing to do."""
         ta = time.perf_counter()
         revived = self._revive()
-        if self._ahead is None:  # a forward queued ahead has this step's rows: new requests join the next one
+        queued = self._ahead is not None
+        if not queued:  # a forward queued ahead has this step's rows: new requests join the next one
             self._admit()
         for r in self._lanes:
             if r is not None and r.cancelled.is_set():
                 self._finish(r, "cancelled")
         rows = self._runnable()
         ahead = self._take_ahead(rows)
+        if queued and ahead is None:  # not used after all (its rows ended, or others joined): admit now
+            self._admit()
+            rows = self._runnable()
         if not rows:
             self._flush_outbox()  # no forward to overlap with (and maybe a blocking wait ahead): publish now
         if self._pending is not None:  # a Step answer is outstanding: poll it (block if nothing else can run)
@@ -371,8 +375,10 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         return batch, logits
 
     def _sample_commit(self, rows: list[Request], batch: StepBatch, logits: torch.Tensor, words, status, enabled,
-                       drafts: dict[int, list[int]]) -> None:
-        """Sample the live ``rows`` of ``batch`` (``logits`` [B, T, V]; masks as staged, or Nones) and commit."""
+                       drafts: dict[int, list[int]], allow_ahead: bool = True) -> None:
+        """Sample the live ``rows`` of ``batch`` (``logits`` [B, T, V]; masks as staged, or Nones) and commit.
+        ``allow_ahead``: the next step's forward may be queued meanwhile (not for a settled pending step: the
+        step that settles it launches its own rows' forward)."""
         prog = self.program
         live_idx = [i for i, r in enumerate(rows) if not r.finished and not r.parked]
         if not live_idx:
@@ -387,8 +393,11 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         st, now = self.stats, time.perf_counter
         tp = now()
         # the next step's forward may be queued behind this Finish (gpu_engine.engine.overlap)
-        out = prog.sample(batch, logits, words, status, enabled, launch_next=self._ahead_launcher(rows, batch))
+        self._ahead_launch_s = 0.0
+        out = prog.sample(batch, logits, words, status, enabled,
+                          launch_next=self._ahead_launcher(rows, batch) if allow_ahead else None)
         tp = st.add_phase("sample", tp, now())
+        st.host_phase_s["sample"] -= self._ahead_launch_s  # counted as "ahead"
         commit = self._commit
         for r, (toks, err) in zip(rows, out):
             if err is not None:

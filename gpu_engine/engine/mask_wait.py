@@ -189,5 +189,5 @@ class MaskWait:
             return False
         self._pending = None
         words, status, enabled = got
-        self._sample_commit(list(p.batch.rows), p.batch, p.logits, words, status, enabled, p.drafts)
+        self._sample_commit(list(p.batch.rows), p.batch, p.logits, words, status, enabled, p.drafts, allow_ahead=False)
         return True

@@ -67,6 +67,7 @@ class Overlap:
             overlap_schedule = self.program.device.type == "cuda"
         self.overlap_schedule = bool(overlap_schedule and supported)
         self._ahead: Ahead | None = None
+        self._ahead_launch_s = 0.0  # host time of the last queued launch (s)
         self.steps_ahead = 0
         self.ahead_discarded = 0
 
@@ -102,7 +103,9 @@ class Overlap:
             except (ValueError, KVCacheFull):  # e.g. penalised rows: the next step launches its own
                 return
             self._ahead = Ahead(list(rows), nxt, logits, [(len(r.output_ids) + 1, r.num_cached + 1) for r in rows])
-            self.stats.add_phase("forward", t0, time.perf_counter())
+            t1 = time.perf_counter()
+            self.stats.add_phase("ahead", t0, t1)  # host phase "ahead" (not "sample", which it runs inside)
+            self._ahead_launch_s = t1 - t0
 
         return launch
 

@@ -141,7 +141,7 @@ class GraphPhases:
             bd = self._bucket_of(nd)
             drows = [rows[i] for i in dec]
             self.reserve(drows, t)  # the padded columns write KV too (overwritten before they are read)
-            h = self._i64_host[0].numpy()
+            h = self._host_inputs()  # once the last upload from it has run
             ids = self._spec_ids_host.numpy()  # host views of pinned buffers: no torch op per write
             ids[:nd, 0] = [r.output_ids[-1] for r in drows]
             ids[:nd, 1:] = 0

@@ -106,7 +106,10 @@ class PagedKVCache:
         plan = []
         total = 0
         bs, cap, owned = self.block_size, self.blocks_per_lane, self._owned
+        most: dict[int, int] = {}  # a lane listed twice gets the larger size
         for lane, n in zip(lanes, num_positions):
+            most[lane] = max(int(n), most.get(lane, 0))
+        for lane, n in most.items():
             need = min(-(-int(n) // bs), cap)
             have = len(owned[lane])
             if need > have:

@@ -24,7 +24,7 @@ from gpu_engine.model.vocab import TokenVocabulary
 from gpu_engine.sidecar.supervisor import SidecarState
 from shared_memory.ring import MaskRing
 
-from test_sidecar_replay import A, EOS, V, CrashingSidecar, _finish, _settled, _valid  # noqa: E402
+from test_sidecar_replay import A, EOS, V, CrashingSidecar, _drive, _finish, _settled, _valid, rig  # noqa: E402, F401
 
 CFG = ModelConfig(arch="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, name="tiny")
@@ -45,12 +45,12 @@ class ForcingEngine(Engine):
 
 
 def _engine(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False,
-            step_send: str = "after"):
+            step_send: str = "after", seq: int = SEQ):
     from gpu_engine.executor.cuda_graph import CudaProgram
 
     vocab = TokenVocabulary(V, tuple(bytes([65 + i]) for i in range(V)), frozenset({EOS}), (EOS,))
     ring = MaskRing.create(f"ninfer-test-overlap-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_geometry(LANES, 0, V))
-    model = build_model(CFG, torch.device(device), torch.float32, LANES, SEQ, weights="random", seed=5)
+    model = build_model(CFG, torch.device(device), torch.float32, LANES, seq, weights="random", seed=5)
     prog = CudaProgram(model, V, torch.device(device), ring, use_graphs=use_graphs, prefill_graphs="off")
     sc = CrashingSidecar(ring, crash_at)
     sc.release.set()
@@ -78,11 +78,11 @@ def _requests(tag: str = "") -> list[Request]:
 
 
 def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False,
-         step_send: str = "after"):
+         step_send: str = "after", seq: int = SEQ):
     """Drive the engine step by step: 8 requests at once, 3 more after 5 steps (lanes are free only
     once rows finish), one cancelled at step 9; returns per request ``(ids, event summary)`` and the engine's
     counters."""
-    eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing, step_send)
+    eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing, step_send, seq)
     queued = []  # per forward queued ahead: did it carry a constrained row
     ahead = eng.program.forward_ahead
     eng.program.forward_ahead = lambda b: (queued.append(any(r.constraint for r in b.rows)), ahead(b))[1]
@@ -124,6 +124,8 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
             if r.constraint is not None and fin.finish_reason != "cancelled":
                 assert _valid(r), (r.request_id, r.output_ids)
         eng.queued_constrained = any(queued)
+        if overlap and eng.steps_ahead:  # the queued launches' host time is its own phase, not "sample"'s
+            assert eng.stats.host_phase_s.get("ahead", 0) > 0
         return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays, any(queued)), seen
     finally:
         _close(eng)
@@ -152,6 +154,16 @@ def test_constrained_rows_are_queued_ahead_only_while_the_step_goes_out_after_th
     off, _, lo_off = _run("cpu", False, step_send="before")
     on, (n_on, _, _, cons), lo_on = _run("cpu", True, step_send="before")
     assert on == off and n_on >= 5 and not cons
+    _same_logits(lo_on, lo_off)
+
+
+def test_rows_that_reach_the_context_limit_end_the_same_way():
+    """With 15 usable positions the longer plain rows end on ``length`` at the context limit, one of them
+    while the next forward is already queued (its last queued position is still inside the lane)."""
+    off, _, lo_off = _run("cpu", False, seq=16)
+    on, (n_on, _, _, _), lo_on = _run("cpu", True, seq=16)
+    assert on == off and n_on >= 5
+    assert sum(f[2] == "length" and len(f[1]) < 4 + 3 * int(f[0][-1]) for f in on if not f[0].startswith("rlate")) >= 2
     _same_logits(lo_on, lo_off)
 
 
@@ -229,3 +241,58 @@ def test_overlap_is_on_by_default_on_cuda():
         assert Engine(eng.program, eng.vocab, sidecar=sc, ring=eng.ring).overlap_schedule is True
     finally:
         _close(eng)
+
+
+def test_a_deferred_mask_wait_under_the_overlap_gives_the_same_tokens(rig):
+    """A slow sidecar's answer is deferred (the plain row goes on alone, the constrained rows wait as the pending
+    step): no forward is queued while a Step is pending, none from the settled pending step, and every request
+    gets the tokens of a run with neither the overlap nor a deferral."""
+    from test_mask_deferral import _done, _start
+
+    outputs = []
+    for overlap, late_steps in ((False, 0), (True, 5)):
+        eng, sc, reqs, free = _start(rig, executor="cuda-program")
+        eng.overlap_schedule, eng.send_after_launch = overlap, True
+        launches = []
+        ahead = eng.program.forward_ahead
+        eng.program.forward_ahead = lambda b: (launches.append(eng._pending), ahead(b))[1]
+        if late_steps:
+            sc.late = True
+            for _ in range(late_steps):
+                eng.step()
+            sc.late = False
+        _drive(eng, lambda: _done(eng, reqs + [free]))
+        assert eng.stats.mask_waits_deferred == (1 if late_steps else 0)
+        assert all(p is None for p in launches)  # never queued while a Step answer was pending
+        assert (eng.steps_ahead > 0) is overlap
+        outputs.append([r.output_ids for r in reqs + [free]])
+    assert outputs[0] == outputs[1]
+
+
+def test_settling_a_pending_step_queues_no_forward(rig):
+    """The step that settles a pending Step (its plain row gone meanwhile, so the pending rows are every
+    resident row) launches its rows' forward itself: nothing may be queued from inside the settle, where the
+    step had already taken (or not) its queued forward."""
+    from test_mask_deferral import _done, _start
+
+    eng, sc, reqs, free = _start(rig, executor="cuda-program")
+    eng.overlap_schedule, eng.send_after_launch = True, True
+    where = []
+    settle, ahead = eng._settle_pending, eng.program.forward_ahead
+
+    def settling(*a, **kw):
+        where.append("settle")
+        try:
+            return settle(*a, **kw)
+        finally:
+            where.pop()
+
+    eng._settle_pending = settling
+    eng.program.forward_ahead = lambda b: (where and pytest.fail("forward queued while settling"), ahead(b))[1]
+    sc.late = True
+    eng.step()  # deferred: the constrained rows wait as the pending step, the plain row goes on
+    assert eng._pending is not None
+    free.cancel()
+    sc.late = False
+    _drive(eng, lambda: _done(eng, reqs + [free]))
+    assert all(r.output_ids[-1] == EOS for r in reqs) and eng.steps_ahead > 0

@@ -134,3 +134,10 @@ def test_reserve_lanes_writes_every_new_entry_at_once_and_all_or_nothing() -> No
         small.reserve_lanes([0, 1], [64, 64])  # 16 blocks each: either fits alone, not both
     assert small.free_blocks == 18 and torch.equal(small.block_table, table)
     assert small.blocks_of(0) == small.blocks_of(1) == []
+
+
+def test_reserve_lanes_gives_a_lane_listed_twice_its_larger_size() -> None:
+    kv = PagedKVCache(1, 1, 8, max_lanes=2, max_seq_len=64, block_size=4, num_blocks=20)
+    kv.reserve_lanes([0, 0], [8, 12])
+    assert kv.blocks_of(0) == [0, 1, 2] and kv.free_blocks == 17
+    assert kv.block_table[0, :4].tolist() == [0, 1, 2, kv.trash]
