@@ -272,7 +272,9 @@ def test_a_deferred_mask_wait_under_the_overlap_gives_the_same_tokens(rig):
 def test_settling_a_pending_step_queues_no_forward(rig):
     """The step that settles a pending Step (its plain row gone meanwhile, so the pending rows are every
     resident row) launches its rows' forward itself: nothing may be queued from inside the settle, where the
-    step had already taken (or not) its queued forward."""
+    step had already taken (or not) its queued forward. (Today CudaProgram samples pending rows, whose logits
+    are a saved copy, on its eager path, which never queues; the engine also passes ``allow_ahead=False``
+    there. This guards both against a graph path for them.)"""
     from test_mask_deferral import _done, _start
 
     eng, sc, reqs, free = _start(rig, executor="cuda-program")
