@@ -52,8 +52,15 @@ class EngineMetrics:
             "ninfer_step_messages", unit="1",
             description="Step messages of steps without drafts, by their order around the forward launch "
                         "(order=before|after; --step-send auto chooses from the measured Step work and forward time)")
+        self.steps_ahead = m.create_counter(
+            "ninfer_steps_ahead", unit="1",
+            description="Forwards queued during the step before theirs (overlap scheduling), by result "
+                        "(result=used|discarded: a row got tokens the queued forward did not foresee, or rows "
+                        "joined or all ended)")
         for rare in (self.deferred, self.replays, self.replayed_tokens):
             rare.add(0)  # exported (as 0) from the start: rare by design, and dashboards query them
+        for result in ("used", "discarded"):  # 0 on an engine that never queues ahead (CPU, or turned off)
+            self.steps_ahead.add(0, {"result": result})
         self.queue_wait = m.create_histogram("ninfer_queue_wait_seconds", unit="s",
                                              description="Submission to the engine until the request got a lane")
         self._meter = m
@@ -150,6 +157,11 @@ class EngineMetrics:
         """One mixed step's mask wait passed the soft budget (its constrained rows now wait alone)."""
         if self._on:
             self.deferred.add(1)
+
+    def step_ahead(self, used: bool) -> None:
+        """One forward queued ahead was used by its step (``True``) or discarded."""
+        if self._on:
+            self.steps_ahead.add(1, {"result": "used" if used else "discarded"})
 
     def step_message(self, after: bool) -> None:
         """One plain step's Step message sent, after (``True``) or before its forward launch."""

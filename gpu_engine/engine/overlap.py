@@ -59,7 +59,8 @@ class Overlap:
             CUDA, off on the CPU (tests turn it on there); off, every forward is launched by its own step
             (``ninfer serve --overlap-schedule off``).
         steps_ahead: steps whose forward was queued ahead and used; ``ahead_discarded``: queued and then
-            not used (a row changed beyond the queued inputs, or rows joined).
+            not used (a row changed beyond the queued inputs, or rows joined). Both are also the
+            ``ninfer_steps_ahead_total{result=used|discarded}`` counter.
     """
 
     def _init_overlap(self, overlap_schedule: bool | None) -> None:
@@ -128,14 +129,17 @@ class Overlap:
         queued = {id(r) for r in a.rows}
         if not runnable or any(id(r) not in queued for r in runnable):
             self.ahead_discarded += 1
+            self.metrics.step_ahead(False)
             return None
         self.steps_ahead += 1
+        self.metrics.step_ahead(True)
         return a
 
     def _discard_ahead(self) -> None:
         if self._ahead is not None:
             self._ahead = None
             self.ahead_discarded += 1
+            self.metrics.step_ahead(False)
 
     @staticmethod
     def _ahead_batch(a: Ahead, slot: int) -> StepBatch:

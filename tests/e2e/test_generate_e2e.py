@@ -126,6 +126,12 @@ def test_prometheus_metrics_count_requests(stack, client):
     assert sent.get("before", 0) + sent.get("after", 0) >= 1, sent
     if E2E_DEVICE == "cpu":
         assert sent.get("after", 0) == 0, sent
+    # overlap scheduling's queued forwards, by result: exported from the start; none on a CPU engine
+    ahead = {ln.split('result="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines()
+             if ln.startswith("ninfer_steps_ahead_total{")}
+    assert set(ahead) == {"used", "discarded"}, ahead
+    if E2E_DEVICE == "cpu":
+        assert ahead == {"used": 0.0, "discarded": 0.0}, ahead
     # ninfer serve froze its start-up heap out of garbage collection (NINFER_GC_FREEZE unset: on) and times
     # every collection by generation
     frozen = [float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines() if ln.startswith("ninfer_gc_frozen_objects")]

@@ -88,6 +88,8 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
     eng.program.forward_ahead = lambda b: (queued.append(any(r.constraint for r in b.rows)), ahead(b))[1]
     if forcing:
         eng.force_rid, eng.force_at = "r5", 3
+    counted = []  # the ninfer_steps_ahead_total increments (result used / discarded)
+    eng.metrics.step_ahead = counted.append
     seen = {}  # (request id, output position) -> the logits it was sampled from
     sample = eng.program.sample
 
@@ -124,6 +126,7 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
             if r.constraint is not None and fin.finish_reason != "cancelled":
                 assert _valid(r), (r.request_id, r.output_ids)
         eng.queued_constrained = any(queued)
+        assert counted.count(True) == eng.steps_ahead and counted.count(False) == eng.ahead_discarded
         if overlap and eng.steps_ahead:  # the queued launches' host time is its own phase, not "sample"'s
             assert eng.stats.host_phase_s.get("ahead", 0) > 0
         return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays, any(queued)), seen
