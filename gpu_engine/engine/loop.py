@@ -292,11 +292,12 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         ``ahead``: this step's forward, already queued (its rows, in its batch order, replace ``rows``:
         rows that finished since are dropped before sampling)."""
         prog = self.program
+        live = rows  # runnable rows: none finished
         if ahead is not None:
             rows = ahead.rows
+            live = [r for r in rows if not r.finished]  # rows that ended since the launch ride along
         # rows of a dead sidecar generation are parked; while a Step is pending, no Step (closes wait too)
-        constrained, closing = self._constrained_of([r for r in rows if not r.finished]) if self._pending is None \
-            else ([], [])
+        constrained, closing = self._constrained_of(live) if self._pending is None else ([], [])
         if ahead is None and len(constrained) != sum(r.constraint is not None for r in rows):
             rows = [r for r in rows if not r.parked]
             if not rows:

@@ -123,14 +123,14 @@ class Overlap:
 
     def _take_ahead(self, runnable: list[Request]) -> Ahead | None:
         """The queued forward for this step, if it covers every runnable row (else it is discarded)."""
-        a, self._ahead = self._ahead, None
+        a = self._ahead
         if a is None:
             return None
         queued = {id(r) for r in a.rows}
         if not runnable or any(id(r) not in queued for r in runnable):
-            self.ahead_discarded += 1
-            self.metrics.step_ahead(False)
+            self._discard_ahead()
             return None
+        self._ahead = None
         self.steps_ahead += 1
         self.metrics.step_ahead(True)
         return a

@@ -82,6 +82,19 @@ def _done(eng: Engine, reqs: list[Request]) -> bool:
     return all(r.finished for r in reqs) and not eng._closing and not eng._parked and eng._pending is None
 
 
+def _finish_late(eng: Engine, sc: LateSidecar, reqs: list[Request], late_steps: int) -> list[list[int]]:
+    """Run ``late_steps`` steps with the sidecar's answers late (0: none), then every request to its end; the
+    requests' tokens. Checks that exactly one mask wait was deferred when any step was late."""
+    if late_steps:
+        sc.late = True
+        for _ in range(late_steps):
+            eng.step()
+        sc.late = False
+    _drive(eng, lambda: _done(eng, reqs))
+    assert eng.stats.mask_waits_deferred == (1 if late_steps else 0)
+    return [r.output_ids for r in reqs]
+
+
 def test_unconstrained_rows_commit_while_the_answer_is_late_then_pending_rows_get_the_masked_token(rig):
     eng, sc, reqs, free = _start(rig)
     before = {r.request_id: list(r.output_ids) for r in reqs}
@@ -114,14 +127,7 @@ def test_a_deferred_wait_does_not_change_the_output(rig, executor):
     outputs = []
     for late_steps in (0, 5):
         eng, sc, reqs, free = _start(rig, executor=executor)
-        if late_steps:
-            sc.late = True
-            for _ in range(late_steps):
-                eng.step()
-            sc.late = False
-        _drive(eng, lambda: _done(eng, reqs + [free]))
-        assert eng.stats.mask_waits_deferred == (1 if late_steps else 0)
-        outputs.append([r.output_ids for r in reqs + [free]])
+        outputs.append(_finish_late(eng, sc, reqs + [free], late_steps))
     assert outputs[0] == outputs[1]
 
 

@@ -250,7 +250,7 @@ def test_a_deferred_mask_wait_under_the_overlap_gives_the_same_tokens(rig):
     """A slow sidecar's answer is deferred (the plain row goes on alone, the constrained rows wait as the pending
     step): no forward is queued while a Step is pending, none from the settled pending step, and every request
     gets the tokens of a run with neither the overlap nor a deferral."""
-    from test_mask_deferral import _done, _start
+    from test_mask_deferral import _finish_late, _start
 
     outputs = []
     for overlap, late_steps in ((False, 0), (True, 5)):
@@ -259,16 +259,9 @@ def test_a_deferred_mask_wait_under_the_overlap_gives_the_same_tokens(rig):
         launches = []
         ahead = eng.program.forward_ahead
         eng.program.forward_ahead = lambda b: (launches.append(eng._pending), ahead(b))[1]
-        if late_steps:
-            sc.late = True
-            for _ in range(late_steps):
-                eng.step()
-            sc.late = False
-        _drive(eng, lambda: _done(eng, reqs + [free]))
-        assert eng.stats.mask_waits_deferred == (1 if late_steps else 0)
+        outputs.append(_finish_late(eng, sc, reqs + [free], late_steps))
         assert all(p is None for p in launches)  # never queued while a Step answer was pending
         assert (eng.steps_ahead > 0) is overlap
-        outputs.append([r.output_ids for r in reqs + [free]])
     assert outputs[0] == outputs[1]
 
 
