@@ -364,7 +364,8 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
         if not live and preparing:  # every lane waits for its Prepare: no step to run (nor to count) until one is done
             wait(preparing, return_when=FIRST_COMPLETED)
             top_up()
-        admitted = len(live) > engine.num_active
+        admitted = len(live) > engine.num_active  # a request waits for a lane: it joins this step
+        n_prefill = st.prefill_steps
         kv_tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r, _ in live.values())
         n_idle = len(st.per_step_gpu_idle_ms)
         n_tok = st.tokens
@@ -373,7 +374,9 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
         dt = time.perf_counter() - t
         if i >= warm_steps:
             step_times.append(dt)
-            if not admitted:
+            # a decode step runs no prefill (a request admitted during the last step's sampling, with
+            # overlap admission, is prefilled in this one)
+            if not admitted and st.prefill_steps == n_prefill:
                 decode_times.append(dt)
                 decode_rates.append((st.tokens - n_tok) / dt)
                 live_kv.append(kv_tokens)
@@ -695,6 +698,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
     engine.step_send = StepSendPolicy(args.step_send)  # the Step's place around the forward launch (A/B, auto)
     # overlap scheduling (gpu_engine.engine.overlap), where the executor has forward_ahead (A/B)
     engine.overlap_schedule = args.overlap_schedule == "on" and hasattr(engine.program, "forward_ahead")
+    engine.overlap_admission = args.overlap_admission == "on"
     from ninfer_common.gc_heap import freeze_heap
 
     frozen = freeze_heap(f"engine_bench {label}")  # as ninfer serve after start-up (0 with --gc-freeze off)
@@ -706,6 +710,7 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                dtype=str(loaded.model.dtype), ring_registered=getattr(engine.program, "ring_registered", False),
                step_transport=engine.sidecar.step_stream_transport, defer_publish=engine.defer_publish,
                step_send=engine.step_send.mode, overlap_schedule=engine.overlap_schedule,
+               overlap_admission=engine.overlap_admission,
                fused_sample=getattr(engine.program, "fused_sample", False),
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
@@ -1069,6 +1074,9 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap-schedule", choices=["on", "off"], default="on",
                     help="queue a plain decode step's next forward before its tokens are read back (CUDA graphs; "
                          "default on, as ninfer serve; off for A/B runs)")
+    ap.add_argument("--overlap-admission", choices=["on", "off"], default="on",
+                    help="with the overlap: admit a waiting request while a step is sampled and queue its prefill "
+                         "ahead (default on, as ninfer serve; off for A/B runs: a waiting request stops the queuing)")
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")
@@ -1127,7 +1135,7 @@ def main(argv=None) -> int:
         step_shards=args.step_shards or _auto_step_shards(), fill_chunk_rows=args.fill_chunk_rows,
         fill_rows_per_thread=args.fill_rows_per_thread,
         step_transport=args.step_transport, publish=args.publish, step_send=args.step_send, finish=args.finish,
-        overlap_schedule=args.overlap_schedule,
+        overlap_schedule=args.overlap_schedule, overlap_admission=args.overlap_admission,
         gc_freeze=args.gc_freeze, prepare_threads=args.prepare_threads, grammar_cache_bytes=args.grammar_cache_bytes,
         prefill="batched (right-padded, 4096-token budget per forward); prompts <= 512 "
         f"tokens through prefill CUDA graphs ({args.prefill_graphs})",

@@ -272,6 +272,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         self.stats.step_s += dt
         self.metrics.step_done(dt)
         self.stats.steps += 1
+        self.stats.prefill_steps += prefill
         record_idle(self.stats, self.step_send, self.program, dt, timings, n_timings, n_waits, prefill)
         return True
 

@@ -13,8 +13,10 @@ sends the sidecar its Step message (which still needs the tokens on the host: ma
 committed tokens, as before).
 
 A forward is queued ahead only when the next step's rows are known now: every resident row is a
-decode row of this step, none is speculative, penalised or parked, no Step answer is pending, no waiting
-request can take a free lane (an admission then waits one step) and every row has a next position. Rows
+decode row of this step, none is speculative, penalised or parked, no Step answer is pending and every
+row has a next position. Requests waiting for a free lane are admitted right then (admission ahead): their
+prefill is queued in the same forward, after the decode rows, so a step that admits does not leave the GPU
+idle either (SGLang's overlap scheduler schedules its prefill batches ahead the same way). Rows
 that finish in this step ride along in the queued forward (their KV write lands in their own lane before
 any later owner's, in stream order) and are dropped before sampling. When this step's commit changes a
 row in a way the queued forward did not foresee (a thinking budget's forced close appends tokens), the
@@ -58,6 +60,9 @@ class Overlap:
         overlap_schedule: on where the executor has ``forward_ahead`` (the CUDA-graph executor): by default on
             CUDA, off on the CPU (tests turn it on there); off, every forward is launched by its own step
             (``ninfer serve --overlap-schedule off``).
+        overlap_admission: a request waiting for a free lane is admitted while this step is sampled and its
+            prefill rides in the queued forward (admission ahead; ``engine_bench --overlap-admission off`` for
+            A/B runs); off, a waiting request keeps the next forward from being queued.
         steps_ahead: steps whose forward was queued ahead and used; ``ahead_discarded``: queued and then
             not used (a row changed beyond the queued inputs, or rows joined). Both are also the
             ``ninfer_steps_ahead_total{result=used|discarded}`` counter.
@@ -68,6 +73,7 @@ class Overlap:
         if overlap_schedule is None:  # a CPU forward is synchronous: nothing to overlap
             overlap_schedule = self.program.device.type == "cuda"
         self.overlap_schedule = bool(overlap_schedule and supported)
+        self.overlap_admission = True
         self._ahead: Ahead | None = None
         self._ahead_launch_s = 0.0  # host time of the last queued launch (s)
         self.steps_ahead = 0
@@ -89,27 +95,52 @@ class Overlap:
             return None  # the sidecar's Step work is longer than the forward: see _ahead_launcher's note
         limit = self.program.max_seq_len
         for r in rows:
-            if (not r.output_ids or r.num_cached + 2 > limit or r.parked or r.finished
+            if (r.num_cached + 2 > limit or r.parked or r.finished
                     or (r.spec_method != "none" and r.num_draft_tokens > 0)):
                 return None
         resident = sum(r is not None for r in self._lanes)
-        if resident != len(rows) or self.num_parked or self._new_work():
+        if resident != len(rows) or self.num_parked:
+            return None
+        admit = self._new_work()
+        if admit and not self.overlap_admission:
             return None
 
         def launch() -> None:
             t0 = time.perf_counter()
-            nxt = build_step_batch(rows, slot=NO_SLOT, device=self.program.device)
-            nxt = replace(nxt, start=nxt.start + 1)
             try:
-                logits = self.program.forward_ahead(nxt)
-            except (ValueError, KVCacheFull):  # e.g. penalised rows: the next step launches its own
-                return
-            self._ahead = Ahead(list(rows), nxt, logits, [(len(r.output_ids) + 1, r.num_cached + 1) for r in rows])
-            t1 = time.perf_counter()
-            self.stats.add_phase("ahead", t0, t1)  # host phase "ahead" (not "sample", which it runs inside)
-            self._ahead_launch_s = t1 - t0
+                self._launch_ahead(rows, admit)
+            finally:
+                t1 = time.perf_counter()
+                self.stats.add_phase("ahead", t0, t1)  # host phase "ahead" (not "sample", which it runs inside)
+                self._ahead_launch_s = t1 - t0
 
         return launch
+
+    def _launch_ahead(self, rows: list[Request], admit: bool) -> None:
+        """Queue the next step's forward: ``rows`` at their next position, then (``admit``) the requests
+        admitted now into free lanes, as prefill rows (admission ahead). Admitted rows stay resident when
+        nothing is queued (a row the queued forward cannot take: the next step runs them as usual)."""
+        new: list[Request] = []
+        if admit:
+            new = [r for r in self._admit() if not r.finished and not r.parked]
+            if any(r.num_cached or r.output_ids for r in new):
+                return  # not a fresh prompt (cannot happen today): its own step prefills it
+            if not self.step_send.after and any(r.constraint is not None for r in new):
+                return  # the sidecar is slower than the forward: these rows' Step goes first (as above)
+        # a row's next input is the token sampled now: one position further, unless this step prefilled the
+        # row (that token is its first, at num_cached = the prompt length)
+        adv = [1 if r.output_ids else 0 for r in rows]
+        nxt = build_step_batch(list(rows) + new, slot=NO_SLOT, device=self.program.device)
+        nxt = replace(nxt, start=nxt.start + torch.tensor(adv + [0] * len(new), dtype=nxt.start.dtype))
+        try:
+            logits = self.program.forward_ahead(nxt)
+        except (ValueError, KVCacheFull):  # e.g. penalised rows: the next step launches its own
+            return
+        # what the queued forward assumed once this step is committed: each row one token further, the prefill
+        # rows as launched (the prefill set their num_cached)
+        expect = [(len(r.output_ids) + 1, r.num_cached + a) for r, a in zip(rows, adv)] + \
+            [(0, r.num_cached) for r in new]
+        self._ahead = Ahead(list(rows) + new, nxt, logits, expect)
 
     def _check_ahead(self) -> None:
         """After this step's commit: drop the queued forward if a live row is not where it assumed."""

@@ -11,6 +11,7 @@ class EngineStats:
     """Counters for benchmarks and metrics (seconds unless noted)."""
 
     steps: int = 0
+    prefill_steps: int = 0  # steps that carried a prefill row (a request's first step)
     constrained_steps: int = 0
     tokens: int = 0
     sidecar_wait_s: float = 0.0  # exposed wait: time spent blocked on the sidecar's answer

@@ -235,11 +235,15 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._lane_f32.copy_(self._lane_f32_host, non_blocking=True)
             self._lane_i64.copy_(self._lane_i64_host, non_blocking=True)
 
-    def _fill_finish_rows(self, h: np.ndarray, rows: list[Request], enabled: list[bool], ahead: int = 0) -> int:
+    def _fill_finish_rows(self, h: np.ndarray, rows: list[Request], enabled: list[bool], ahead: int = 0,
+                          prefill: list[bool] | None = None) -> int:
         b = len(rows)
         bb = self._bucket_of(b)
         h[_FIN_LANES, :b] = [r.lane for r in rows]
-        h[_FIN_POS, :b] = [len(r.output_ids) + ahead for r in rows]  # the draw's position (seed 000 §sampling)
+        # the draw's position (seed 000 §sampling); ``ahead``: a forward queued ahead draws each decode row's
+        # next token, one further than its output now (a prefill row draws its first, at 0)
+        h[_FIN_POS, :b] = ([len(r.output_ids) + ahead for r in rows] if not ahead else
+                           [0 if p else len(r.output_ids) + ahead for r, p in zip(rows, prefill)])
         h[_FIN_ENABLED, :b] = enabled
         h[_FIN_LANES, b:bb] = rows[0].lane
         h[_FIN_POS, b:bb] = 0
@@ -282,27 +286,33 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         step's tokens are on the host: ``[B, 1, V]`` float32 logits, as :meth:`forward`.
 
         Called between the current step's Finish launch and its read-back wait
-        (:meth:`sample`'s ``launch_next``). ``batch`` must hold exactly the rows of the batch being sampled,
-        in its order, every one a decode row and none speculative or penalised: each row's input id is the
+        (:meth:`sample`'s ``launch_next``). ``batch`` must start with exactly the rows of the batch being
+        sampled, in its order, as decode rows, none speculative or penalised: each row's input id is the
         token the current Finish writes for it (``_out[0, i]``, read on the device; an error row's -1
         reads as 0, and its logits are never sampled: the engine drops finished rows), at position
         ``num_cached + 1`` (the current step's input is counted into ``num_cached`` only when its results
-        are read). ``batch.start`` is expected to be those positions.
+        are read), or ``num_cached`` for a row the current step prefilled (no output yet: the token is its
+        first). ``batch.start`` is expected to be those positions. Prefill rows (requests admitted now
+        into free lanes) may follow them: their prompts are on the host, their logits come after the
+        decode rows' (the step needs no reordering).
 
         Raises:
-            ValueError: a row is a prefill row, or the step would need the eager path.
+            ValueError: a prefill row comes before a decode row, or the step would need the eager path.
             gpu_engine.model.kv_cache.KVCacheFull: the block pool is exhausted.
         """
-        if self._needs_eager(batch) or bool(batch.prefill.any()):
-            raise ValueError("forward_ahead: only plain decode rows can be queued ahead")
+        pf = batch.prefill.tolist()
+        if self._needs_eager(batch) or pf != sorted(pf) or not pf or pf[0]:
+            raise ValueError("forward_ahead: decode rows (plain), then prefill rows only")
         self._fwd_rows = self._spec_rows = None
         self._step_mask_bytes = 0
         self._eager_step = False
         return self._forward_rows(batch, ahead=True)
 
     def _host_inputs(self) -> np.ndarray:
-        """The pinned ``[6, L]`` int64 forward inputs, once their last upload has run (a forward queued
-        ahead is written while the previous one's upload may still be queued behind a Finish)."""
+        """The pinned ``[6, L]`` int64 forward inputs, once the last forward's uploads have run (a forward
+        queued ahead is written while the previous one's may still be queued behind a Finish): these inputs,
+        and the lane parameters and prompt ids (``_lane_f32_host``, ``_lane_i64_host``, ``_pf_host``), whose
+        uploads precede the same event."""
         if self._h2d_pending:
             self._h2d_done.synchronize()
             self._h2d_pending = False
@@ -315,11 +325,11 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self._events = self._event_sets[self._events is self._event_sets[0]]
         rows = batch.rows
         self._record("start")
+        h = self._host_inputs()  # first: the lane-parameter and prefill uploads are behind the same event
         self._sync_lane_params(rows)
         b = len(rows)
         h_t = self._i64_host[0]
-        h = self._host_inputs()
-        step = int(ahead)  # a row queued ahead inputs the token being sampled now, one position further
+        step = int(ahead)
         pf = batch.prefill.tolist()
         dec = [i for i in range(b) if not pf[i]]
         pre = [i for i in range(b) if pf[i]]
@@ -330,12 +340,16 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self.reserve(drows, 1 + step)
             h[_FWD_IDS, :nd] = 0 if ahead else [r.output_ids[-1] for r in drows]
             h[_FWD_LANES, :nd] = [r.lane for r in drows]
-            h[_FWD_POS, :nd] = [r.num_cached + step for r in drows]
+            # a row queued ahead inputs the token being sampled now: one position further, unless it is the
+            # row's first (the step being sampled prefilled it: num_cached is already its prompt length)
+            pos = [r.num_cached + (step if r.output_ids else 0) for r in drows] if ahead else \
+                [r.num_cached for r in drows]
+            h[_FWD_POS, :nd] = pos
             h[_FWD_IDS, nd:bd] = h[_FWD_IDS, 0]
             h[_FWD_LANES, nd:bd] = h[_FWD_LANES, 0]
             h[_FWD_POS, nd:bd] = self.scratch_pos
-            ctx = self._ctx_of(max(r.num_cached for r in drows) + 1 + step)
-        self._fill_finish_rows(h, rows, [r.constraint is not None for r in rows], step)
+            ctx = self._ctx_of(max(pos) + 1)
+        self._fill_finish_rows(h, rows, [r.constraint is not None for r in rows], step, pf)
         merge = bool(nd and pre) and dec != list(range(nd))
         if merge:  # row i of the step <- row merge[i] of [decode logits; prefill logits]
             h[_MERGE, dec] = np.arange(nd)
@@ -357,6 +371,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 self.logits[:b].copy_(full.index_select(0, self._i64[_MERGE, :b]))
             else:
                 self.logits[:b].copy_(pl)
+            if self.is_cuda:  # the pinned prompt uploads too (a forward queued ahead rewrites them)
+                self._h2d_done.record(self._stream())
         self._record("fwd")
         self._fwd_rows = list(rows)
         self._num_prefill = len(pre)

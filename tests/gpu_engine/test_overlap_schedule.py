@@ -78,14 +78,23 @@ def _requests(tag: str = "") -> list[Request]:
 
 
 def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False,
-         step_send: str = "after", seq: int = SEQ):
-    """Drive the engine step by step: 8 requests at once, 3 more after 5 steps (lanes are free only
-    once rows finish), one cancelled at step 9; returns per request ``(ids, event summary)`` and the engine's
-    counters."""
+         step_send: str = "after", seq: int = SEQ, admission: bool = True):
+    """Drive the engine step by step: 8 requests at once, 4 more (one constrained) after 5 steps (lanes are
+    free only once rows finish), one cancelled at step 9; returns per request ``(ids, event summary)``, the
+    engine's counters (``eng.admitted_ahead``: prefill rows carried by queued forwards) and the logits
+    sampled. ``admission``: the engine's ``overlap_admission``."""
     eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing, step_send, seq)
+    eng.overlap_admission = admission
     queued = []  # per forward queued ahead: did it carry a constrained row
+    prefills = []  # per forward queued ahead: its prefill rows (admission ahead)
     ahead = eng.program.forward_ahead
-    eng.program.forward_ahead = lambda b: (queued.append(any(r.constraint for r in b.rows)), ahead(b))[1]
+
+    def recording_ahead(b):
+        queued.append(any(r.constraint for r in b.rows))
+        prefills.append(int(b.prefill.sum()))
+        return ahead(b)
+
+    eng.program.forward_ahead = recording_ahead
     if forcing:
         eng.force_rid, eng.force_at = "r5", 3
     counted = []  # the ninfer_steps_ahead_total increments (result used / discarded)
@@ -100,10 +109,11 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
 
     eng.program.sample = recording_sample
     try:
-        first, late = _requests(), _requests("late")[3:6]
-        for r in first:
+        first, late = _requests(), _requests("late")[2:6]
+        for r in first + late:
             if r.constraint is not None:
                 sc.state[r.request_id] = 0
+        for r in first:
             eng.submit(r)
         reqs = first + late
         for step in range(3000):
@@ -126,10 +136,11 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
             if r.constraint is not None and fin.finish_reason != "cancelled":
                 assert _valid(r), (r.request_id, r.output_ids)
         eng.queued_constrained = any(queued)
+        eng.admitted_ahead = sum(prefills)
         assert counted.count(True) == eng.steps_ahead and counted.count(False) == eng.ahead_discarded
         if overlap and eng.steps_ahead:  # the queued launches' host time is its own phase, not "sample"'s
             assert eng.stats.host_phase_s.get("ahead", 0) > 0
-        return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays, any(queued)), seen
+        return got, (eng.steps_ahead, eng.ahead_discarded, eng.replays, any(queued), sum(prefills)), seen
     finally:
         _close(eng)
 
@@ -143,19 +154,30 @@ def _same_logits(a: dict, b: dict) -> None:
 
 
 def test_overlap_gives_the_same_tokens_and_most_steps_run_a_forward_queued_ahead():
-    off, (n_off, _, _, _), lo_off = _run("cpu", False)
-    on, (n_on, discarded, _, cons), lo_on = _run("cpu", True)
+    off, (n_off, _, _, _, _), lo_off = _run("cpu", False)
+    on, (n_on, discarded, _, cons, admitted), lo_on = _run("cpu", True)
     assert on == off
     _same_logits(lo_on, lo_off)
     assert n_off == 0 and n_on >= 10 and cons, n_on
+    assert admitted >= 2  # late requests were admitted while a step was sampled, their prefill queued ahead
     assert any(f[2] == "cancelled" for f in on) and sum(len(f[1]) for f in on) > 60
+
+
+def test_without_admission_ahead_a_waiting_request_keeps_the_forward_from_being_queued():
+    """``overlap_admission`` off: no queued forward carries a prefill row, the tokens are the same, and
+    fewer steps run a forward queued ahead than with it on."""
+    off, _, lo_off = _run("cpu", False)
+    on, (n_on, _, _, _, admitted), lo_on = _run("cpu", True, admission=False)
+    _, (n_admit, _, _, _, _), _ = _run("cpu", True)
+    assert on == off and admitted == 0 and 5 <= n_on < n_admit
+    _same_logits(lo_on, lo_off)
 
 
 def test_constrained_rows_are_queued_ahead_only_while_the_step_goes_out_after_the_launch():
     """With the Step sent before the forward (the sidecar slower than the forward), a step with constrained
     rows launches its own forward; once only plain rows are left, their forwards are queued ahead."""
     off, _, lo_off = _run("cpu", False, step_send="before")
-    on, (n_on, _, _, cons), lo_on = _run("cpu", True, step_send="before")
+    on, (n_on, _, _, cons, _), lo_on = _run("cpu", True, step_send="before")
     assert on == off and n_on >= 5 and not cons
     _same_logits(lo_on, lo_off)
 
@@ -164,15 +186,15 @@ def test_rows_that_reach_the_context_limit_end_the_same_way():
     """With 15 usable positions the longer plain rows end on ``length`` at the context limit, one of them
     while the next forward is already queued (its last queued position is still inside the lane)."""
     off, _, lo_off = _run("cpu", False, seq=16)
-    on, (n_on, _, _, _), lo_on = _run("cpu", True, seq=16)
+    on, (n_on, _, _, _, _), lo_on = _run("cpu", True, seq=16)
     assert on == off and n_on >= 5
     assert sum(f[2] == "length" and len(f[1]) < 4 + 3 * int(f[0][-1]) for f in on if not f[0].startswith("rlate")) >= 2
     _same_logits(lo_on, lo_off)
 
 
 def test_a_row_given_tokens_the_queued_forward_did_not_foresee_discards_it():
-    off, (_, d_off, _, _), lo_off = _run("cpu", False, forcing=True)
-    on, (n_on, discarded, _, cons), lo_on = _run("cpu", True, forcing=True)
+    off, (_, d_off, _, _, _), lo_off = _run("cpu", False, forcing=True)
+    on, (n_on, discarded, _, cons, admitted), lo_on = _run("cpu", True, forcing=True)
     assert on == off and d_off == 0
     _same_logits(lo_on, lo_off)
     assert discarded >= 1 and n_on >= 10
@@ -181,20 +203,24 @@ def test_a_row_given_tokens_the_queued_forward_did_not_foresee_discards_it():
 
 def test_a_sidecar_that_dies_under_the_overlap_parks_and_replays_with_the_same_tokens():
     ref, _, _ = _run("cpu", True)
-    got, (n_on, _, replays, _), _ = _run("cpu", True, crash_at=4)
-    assert replays == 3 and n_on >= 5
-    assert got == ref
+    got, (n_on, _, replays, _, _), _ = _run("cpu", True, crash_at=4)
+    off, (_, _, replays_off, _, _), _ = _run("cpu", False, crash_at=4)
+    assert replays == replays_off == 4 and n_on >= 5  # the 3 constrained rows and the late one
+    assert got == ref == off
 
 
-def test_forward_ahead_refuses_prefill_rows():
+def test_forward_ahead_takes_prefill_rows_only_after_the_decode_rows():
     eng, _ = _engine("cpu", True)
     try:
         from gpu_engine.core.batch import build_step_batch
 
-        r = _requests()[4]
-        r.lane = 0
+        new, old = _requests()[4:6]
+        new.lane, old.lane = 0, 1
         with pytest.raises(ValueError):
-            eng.program.forward_ahead(build_step_batch([r]))  # no output yet: a prefill row
+            eng.program.forward_ahead(build_step_batch([new]))  # no output yet: a prefill row, and no decode row
+        old.output_ids, old.num_cached = [3], len(old.prompt_ids)
+        with pytest.raises(ValueError):
+            eng.program.forward_ahead(build_step_batch([new, old]))
     finally:
         _close(eng)
 
@@ -205,11 +231,11 @@ def test_cuda_overlap_gives_the_same_tokens(use_graphs):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     off, _, lo_off = _run("cuda", False, use_graphs=use_graphs)
-    on, (n_on, _, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs)
+    on, (n_on, _, _, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs)
     assert on == off and n_on >= 10
     _same_logits(lo_on, lo_off)
     forced_off, _, lo_off = _run("cuda", False, use_graphs=use_graphs, forcing=True)
-    forced_on, (_, discarded, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs, forcing=True)
+    forced_on, (_, discarded, _, _, _), lo_on = _run("cuda", True, use_graphs=use_graphs, forcing=True)
     assert forced_on == forced_off and discarded >= 1
     _same_logits(lo_on, lo_off)
 
