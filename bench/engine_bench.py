@@ -364,7 +364,6 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
         if not live and preparing:  # every lane waits for its Prepare: no step to run (nor to count) until one is done
             wait(preparing, return_when=FIRST_COMPLETED)
             top_up()
-        admitted = len(live) > engine.num_active  # a request waits for a lane: it joins this step
         n_prefill = st.prefill_steps
         kv_tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r, _ in live.values())
         n_idle = len(st.per_step_gpu_idle_ms)
@@ -374,9 +373,9 @@ def closed_loop(engine, work: Workload, batch: int, warm_steps: int, steps: int,
         dt = time.perf_counter() - t
         if i >= warm_steps:
             step_times.append(dt)
-            # a decode step runs no prefill (a request admitted during the last step's sampling, with
-            # overlap admission, is prefilled in this one)
-            if not admitted and st.prefill_steps == n_prefill:
+            # a decode step runs no prefill: not one that admits a request, nor (overlap admission) one whose
+            # request was admitted while the last step was sampled
+            if st.prefill_steps == n_prefill:
                 decode_times.append(dt)
                 decode_rates.append((st.tokens - n_tok) / dt)
                 live_kv.append(kv_tokens)

@@ -217,7 +217,7 @@ class _StepStats:
     """The EngineStats fields closed_loop reads (a CPU-like engine: no CUDA events)."""
 
     def __init__(self):
-        self.tokens = self.mask_h2d_bytes = self.sidecar_steps = self.steps_sent_after = 0
+        self.tokens = self.mask_h2d_bytes = self.sidecar_steps = self.steps_sent_after = self.prefill_steps = 0
         self.sidecar_work_s = 0.0
         self.host_phase_s = {}
         self.per_step_wait_ms, self.per_step_gpu_idle_ms, self.per_step_wall_ms = [], [], []
@@ -228,11 +228,12 @@ class _LoopEngine:
     """Drives requests as the engine does for closed_loop: a step admits what was submitted (up to the lanes),
     gives every resident request one token, and finishes it after ``length`` tokens."""
 
-    def __init__(self, sidecar, lanes, length=3):
+    def __init__(self, sidecar, lanes, length=3, admit_ahead=False):
         from gpu_engine.core.request import Delta, Finish, FinishReason
 
         self._delta, self._finish, self._reason = Delta, Finish, FinishReason
         self.sidecar, self.lanes, self.length = sidecar, lanes, length
+        self.admit_ahead = admit_ahead  # admit at the end of a step (the overlap's admission ahead), not at its start
         self.program, self.stats, self._seq = object(), _StepStats(), 0
         self.submitted, self.waiting, self.active = [], [], []
         self.main = threading.get_ident()
@@ -247,9 +248,14 @@ class _LoopEngine:
         self.submitted.append(r)
         self.waiting.append(r)
 
-    def step(self):
+    def _admit(self):
         while self.waiting and len(self.active) < self.lanes:
             self.active.append(self.waiting.pop(0))
+
+    def step(self):
+        if not self.admit_ahead:
+            self._admit()
+        self.stats.prefill_steps += any(not r.output_ids for r in self.active)
         for r in list(self.active):
             r.output_ids.append(7)
             self.stats.tokens += 1
@@ -262,6 +268,8 @@ class _LoopEngine:
                     self.sidecar.close(r.request_id, [], r.sidecar_generation)
         self.stats.per_step_gpu_idle_ms.append(0.0)
         self.stats.per_step_wall_ms.append(1.0)
+        if self.admit_ahead:
+            self._admit()
 
 
 def test_closed_loop_prepares_off_the_engine_thread_and_closes_what_it_does_not_submit():
@@ -290,6 +298,25 @@ def test_closed_loop_prepares_off_the_engine_thread_and_closes_what_it_does_not_
     held = {r.request_id for r in engine.active + engine.waiting}
     assert sc.open == held and len(sc.prepared) >= len(engine.submitted)
     assert sc.closed == len(sc.prepared) - len(held)
+
+
+@pytest.mark.parametrize("admit_ahead", [False, True], ids=["admit-at-step", "admit-ahead"])
+def test_closed_loop_decode_steps_are_the_steps_without_a_prefill(admit_ahead):
+    """Decode tok/s comes from the steps that prefill nothing, whether a request joins at the step's start or
+    (admission ahead) was admitted at the end of the step before: length-3 rows in 2 lanes, replaced as they
+    finish."""
+    engine = _LoopEngine(FakeSidecar(), lanes=2, admit_ahead=admit_ahead)
+    prefills = []
+    step = engine.step
+
+    def counting():
+        n = engine.stats.prefill_steps
+        step()
+        prefills.append(engine.stats.prefill_steps > n)
+
+    engine.step = counting
+    out = eb.closed_loop(engine, eb.Workload(engine, _Loaded, "none", [], 8), batch=2, warm_steps=1, steps=9)
+    assert out["decode_steps"] == prefills[1:].count(False) and 0 < out["decode_steps"] < 9
 
 
 def test_closed_loop_unconstrained_requests_need_no_prepare():
