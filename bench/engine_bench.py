@@ -160,6 +160,7 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
     capture_s = time.perf_counter() - t0
     soft = {} if mask_soft_wait_ms is None else dict(mask_soft_wait_s=mask_soft_wait_ms / 1e3)
     engine = BenchEngine(program, vocab, sidecar=sidecar, ring=ring, **soft)
+    engine.stats.history_limit = None  # closed_loop reads the per-step lists by position over whole windows
     sidecar.start()
     torch.manual_seed(0)
     return engine, loaded, capture_s

@@ -143,7 +143,7 @@ def run_batch(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperatu
     from gpu_engine.engine.loop import EngineStats
 
     reqs = [svc.build_request(_message(workload, i, jsb, method, k, max_tokens, temperature)) for i in range(b)]
-    engine.stats = EngineStats()
+    engine.stats = EngineStats(history_limit=None)  # the window's per-step lists, whole
     for r in reqs:
         engine.submit(r)
     _run_until_published(engine, reqs)
@@ -225,7 +225,7 @@ def run_closed(engine, svc, *, b, workload, jsb, method, k, max_tokens, temperat
         engine.step()
         live[:] = [r for r in live if not r.finished]
         top_up()
-    engine.stats = EngineStats()
+    engine.stats = EngineStats(history_limit=None)  # the window's per-step lists, whole
     timings = getattr(engine.program, "step_timings", None)
     n_timings = len(timings) if timings is not None else 0
     by_kind = {"spec": {}, "plain": {}}  # host ms per phase summed over speculative / other steps

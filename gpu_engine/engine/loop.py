@@ -241,6 +241,8 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
     def step(self) -> bool:
         """Run one engine step; returns False when there was nothing to do."""
         ta = time.perf_counter()
+        timings = getattr(self.program, "step_timings", None)
+        self.stats.trim_history(*(() if timings is None else (timings,)))  # bounded in a long-running server
         revived = self._revive()
         queued = self._ahead is not None
         if not queued:  # a forward queued ahead has this step's rows: new requests join the next one
@@ -263,7 +265,6 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         if not rows:
             return (self._close_only_step() if self.sidecar is not None else False) or revived
         t0 = self.stats.add_phase("admit", ta, time.perf_counter())
-        timings = getattr(self.program, "step_timings", None)
         n_timings = len(timings) if timings is not None else 0
         n_waits = len(self.stats.per_step_wait_ms)
         prefill = any(not r.output_ids for r in rows)

@@ -6,9 +6,24 @@ from dataclasses import dataclass, field
 from shared_memory.layout import RingGeometry, bitmask_words
 
 
+#: per-step lists kept by default: the last HISTORY_STEPS entries at least, trimmed back to that once a list
+#: holds twice as many (a server steps hundreds of times a second: unbounded lists grew ~0.3 KB per step)
+HISTORY_STEPS = 16384
+
+#: the EngineStats fields that grow by one entry per step (or per speculative / constrained step)
+PER_STEP_FIELDS = ("per_step_wait_ms", "per_step_draft_ms", "per_step_draft_host_ms", "per_step_gpu_idle_ms",
+                   "per_step_gpu_busy_ms", "per_step_wall_ms", "per_step_prefill")
+
+
 @dataclass
 class EngineStats:
-    """Counters for benchmarks and metrics (seconds unless noted)."""
+    """Counters for benchmarks and metrics (seconds unless noted).
+
+    The ``per_step_*`` lists (and the executor's ``step_timings``) hold recent steps only: see
+    :meth:`trim_history`. ``history_limit = None`` keeps every entry (benchmarks that index them by position
+    over long windows set it)."""
+
+    history_limit: int | None = HISTORY_STEPS
 
     steps: int = 0
     prefill_steps: int = 0  # steps that carried a prefill row (a request's first step)
@@ -51,6 +66,19 @@ class EngineStats:
     sidecar_work_s: float = 0.0  # the sidecar's own time on the answered Step messages (StepResponse.work_seconds)
     sidecar_steps: int = 0  # Step answers counted in sidecar_work_s
     steps_sent_after: int = 0  # steps whose Step message went out after their forward launch (step_send)
+
+    def trim_history(self, *extra: list) -> None:
+        """Drop the oldest entries of each per-step list (and of each list in ``extra``, e.g. the executor's
+        ``step_timings``) that holds ``2 * history_limit`` or more, keeping the last ``history_limit``: amortised
+        O(1) per step, and the memory of a long-running engine stays bounded. The engine calls it between
+        steps (a step's own positional reads into these lists never span a trim). No-op when
+        ``history_limit`` is None."""
+        n = self.history_limit
+        if n is None:
+            return
+        for lst in [getattr(self, f) for f in PER_STEP_FIELDS] + list(extra):
+            if len(lst) >= 2 * n:
+                del lst[:-n]
 
     def add_phase(self, name: str, t0: float, t1: float) -> float:
         """Add ``t1 - t0`` seconds to phase ``name``; returns ``t1`` (the next phase's start)."""
