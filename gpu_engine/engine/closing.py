@@ -45,9 +45,10 @@ class Closing:
             return
         self._publish_pending(r)  # its deferred Delta goes before its tail and Finish
         r.finished = True
-        if 0 <= r.lane < self.max_lanes and self._lanes[r.lane] is r:
-            self._lanes[r.lane] = None
-        self.program.release_lane(r.lane)
+        if 0 <= r.lane < self.max_lanes:  # a request cancelled before it had a lane (-1) holds no KV
+            if self._lanes[r.lane] is r:
+                self._lanes[r.lane] = None
+            self.program.release_lane(r.lane)
         reason = FinishReason(reason)
         if r.output is not None:  # a turn with an output plan: last deltas + reasoning / tool calls
             out, r.output_result = r.output.finish(str(reason))

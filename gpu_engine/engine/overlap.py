@@ -135,6 +135,7 @@ class Overlap:
         try:
             logits = self.program.forward_ahead(nxt)
         except (ValueError, KVCacheFull):  # e.g. penalised rows: the next step launches its own
+            _unprefill(new)
             return
         # what the queued forward assumed once this step is committed: each row one token further, the prefill
         # rows as launched (the prefill set their num_cached)
@@ -167,7 +168,10 @@ class Overlap:
         return a
 
     def _discard_ahead(self) -> None:
+        """Drop the queued forward. Rows it admitted lose their prefill with it (its logits are never sampled):
+        they are prefilled again by the step that runs them."""
         if self._ahead is not None:
+            _unprefill(self._ahead.rows)
             self._ahead = None
             self.ahead_discarded += 1
             self.metrics.step_ahead(False)
@@ -175,3 +179,11 @@ class Overlap:
     @staticmethod
     def _ahead_batch(a: Ahead, slot: int) -> StepBatch:
         return replace(a.batch, slot=slot)
+
+
+def _unprefill(rows: list[Request]) -> None:
+    """Rows whose prefill was queued but will not be sampled (no output yet): prefill rows again (their KV
+    is rewritten with the same values; their blocks stay reserved)."""
+    for r in rows:
+        if not r.output_ids:
+            r.num_cached = 0

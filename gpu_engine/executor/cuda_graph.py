@@ -308,6 +308,13 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         self._eager_step = False
         return self._forward_rows(batch, ahead=True)
 
+    def _mark_upload(self) -> None:
+        """An upload from the pinned forward buffers was just queued: the next :meth:`_host_inputs` waits for it
+        (and for nothing queued after it)."""
+        if self.is_cuda:
+            self._h2d_done.record(self._stream())
+            self._h2d_pending = True
+
     def _host_inputs(self) -> np.ndarray:
         """The pinned ``[6, L]`` int64 forward inputs, once the last forward's uploads have run (a forward
         queued ahead is written while the previous one's may still be queued behind a Finish): these inputs,
@@ -355,9 +362,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             h[_MERGE, dec] = np.arange(nd)
             h[_MERGE, pre] = np.arange(nd, b)
         self._i64.copy_(h_t, non_blocking=True)
-        if self.is_cuda:
-            self._h2d_done.record(self._stream())
-            self._h2d_pending = True
+        self._mark_upload()
         if ahead:  # this step's sampled tokens, still on the device (-1 on an error row: any valid id)
             self._i64[_FWD_IDS, :nd] = self._out[0, :nd].clamp(min=0)
         if nd:
@@ -371,8 +376,6 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
                 self.logits[:b].copy_(full.index_select(0, self._i64[_MERGE, :b]))
             else:
                 self.logits[:b].copy_(pl)
-            if self.is_cuda:  # the pinned prompt uploads too (a forward queued ahead rewrites them)
-                self._h2d_done.record(self._stream())
         self._record("fwd")
         self._fwd_rows = list(rows)
         self._num_prefill = len(pre)

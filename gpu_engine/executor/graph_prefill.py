@@ -17,6 +17,10 @@ class GraphPrefill:
     """Mixin: ``_prefill_rows`` through the static prefill phase; falls back to the next class's
     (:class:`gpu_engine.executor.eager.Program`) eager chunked prefill."""
 
+    def _mark_upload(self) -> None:
+        """Hook: a pinned upload was queued (:class:`~gpu_engine.executor.cuda_graph.CudaProgram` records an
+        event the next forward's host writes wait for)."""
+
     def _prefill_rows(self, rows: list[Request]) -> torch.Tensor:
         """Prefill ``rows``; returns ``[n, V]`` float32 last-prompt-position logits.
 
@@ -58,6 +62,7 @@ class GraphPrefill:
                 h[b, W + 1] = lens[b] - 1
             h[len(g):rb] = h[0]
             self._pf_in[:rb].copy_(self._pf_host[gi * rmax: gi * rmax + rb], non_blocking=self.is_cuda)
+            self._mark_upload()  # a forward queued ahead rewrites _pf_host once this copy has run
             self._run(self._pf_graphs, (rb, t), lambda rb=rb, t=t: self._prefill_phase(rb, t))
             if out is None:
                 out = self._pf_out[:n]  # one group holding every row, in order (valid until the next prefill)

@@ -320,3 +320,70 @@ def test_settling_a_pending_step_queues_no_forward(rig):
     sc.late = False
     _drive(eng, lambda: _done(eng, reqs + [free]))
     assert all(r.output_ids[-1] == EOS for r in reqs) and eng.steps_ahead > 0
+
+
+def _forced_with_admission(overlap: bool, force_at: int = 3):
+    """Request "a" gets a forced token after its ``force_at``-th (its queued forward is discarded) while "b",
+    submitted just before, was admitted ahead into that same queued forward."""
+    eng, _ = _engine("cpu", overlap, forcing=True)
+    try:
+        eng.force_rid, eng.force_at = "a", force_at
+        a = Request("a", [1, 2, 3], 10, SamplingOptions(temperature=1.0, seed=3))
+        b = Request("b", [4, 5], 6, SamplingOptions(temperature=1.0, seed=5))
+        eng.submit(a)
+        for step in range(200):
+            if step == force_at - 1:
+                eng.submit(b)
+            eng.step()
+            if _settled(eng, [a, b]):
+                break
+        return [(r.request_id, list(r.output_ids), f.finish_reason, f.error) for r, f in ((a, _finish(a)), (b, _finish(b)))], \
+            (eng.steps_ahead, eng.ahead_discarded)
+    finally:
+        _close(eng)
+
+
+def test_a_discarded_queued_forward_gives_back_the_prefill_of_the_requests_it_admitted():
+    """The admitted request's prefill went with the discarded forward: it is prefilled again (not decoded from
+    a prompt-length position with no token, which raised IndexError and failed every resident request)."""
+    off, _ = _forced_with_admission(False)
+    on, (_, discarded) = _forced_with_admission(True)
+    assert on == off and discarded >= 1
+    assert [f[2] for f in on] == ["length", "length"] and on[0][1][3] == A and len(on[1][1]) == 6
+
+
+def test_a_request_cancelled_before_it_has_a_lane_frees_no_one_elses_kv():
+    """Cancelled while waiting (lane -1): releasing "its" lane freed the last lane's KV blocks (a negative
+    index), under the request that lives there."""
+    def make():  # p0 ends after 1 token and frees lane 0; p7 holds the last lane
+        return [Request(f"p{i}", [1 + i, 2], 1 if i == 0 else 12, SamplingOptions(temperature=1.0, seed=i))
+                for i in range(LANES)]
+
+    eng, _ = _engine("cpu", False)
+    try:
+        reqs = make()
+        for r in reqs:
+            eng.submit(r)
+        eng.step()  # every lane taken, the last one by p7; p0 done
+        assert reqs[0].finished and eng._lanes[LANES - 1] is reqs[-1]
+        released = []
+        release = eng.program.release_lane
+        eng.program.release_lane = lambda lane: (released.append(lane), release(lane))[1]
+        extra = Request("x", [3], 4, SamplingOptions(temperature=1.0, seed=9))
+        eng.submit(extra)
+        extra.cancelled.set()
+        eng.step()  # x is taken from the queue for lane 0 and finished as cancelled, never given the lane
+        assert extra.lane == -1 and _finish(extra).finish_reason == "cancelled"
+        assert released == []  # (its free blocks came back to p7 on the same step here: same ids, same KV)
+        ref_eng, _ = _engine("cpu", False)
+        try:
+            ref = make()
+            for r in ref:
+                ref_eng.submit(r)
+            _drive(ref_eng, lambda: all(r.finished for r in ref))
+        finally:
+            _close(ref_eng)
+        _drive(eng, lambda: all(r.finished for r in reqs))
+        assert [r.output_ids for r in reqs] == [r.output_ids for r in ref]
+    finally:
+        _close(eng)
