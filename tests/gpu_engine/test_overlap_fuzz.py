@@ -9,7 +9,7 @@ before the launch, a 20-position context, and admission ahead off. A cancelled r
 shorter of its two outputs (its cancel lands at a step boundary that the overlap may shift by one token).
 
 ``NINFER_OVERLAP_FUZZ_SEEDS`` sets the number of seeds per configuration (default 12). The GPU test runs
-the same plans with CUDA graphs and a GPU that lags the host (``torch.cuda._sleep`` before each forward and
+the first 6 plans with CUDA graphs and a GPU that lags the host (``torch.cuda._sleep`` before each forward and
 prefill, so pinned uploads are still queued when the next forward is written).
 """
 from __future__ import annotations
@@ -164,7 +164,7 @@ def test_random_schedules_without_admission_ahead_give_the_same_tokens(seed):
 def test_cuda_random_schedules_with_a_lagging_gpu_give_the_same_tokens(cfg):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    for seed in range(max(SEEDS, 6)):
+    for seed in range(6):
         kw = dict(CONFIGS[cfg], device="cuda", graphs=True, sleep_cycles=2_000_000)
         off, _ = _run(seed, False, **kw)
         on, counts = _run(seed, True, **kw)
