@@ -14,9 +14,11 @@ committed tokens, as before).
 
 A forward is queued ahead only when the next step's rows are known now: every resident row is a
 decode row of this step, none is speculative, penalised or parked, no Step answer is pending and every
-row has a next position. Requests waiting for a free lane are admitted right then (admission ahead): their
-prefill is queued in the same forward, after the decode rows, so a step that admits does not leave the GPU
-idle either (SGLang's overlap scheduler schedules its prefill batches ahead the same way). Rows
+row has a next position. Rows this step prefilled are queued ahead too (their first token goes at the
+prompt length). When waiting requests fill every free lane (a saturated server), they are admitted right then
+(admission ahead): their prefill is queued in the same forward, after the decode rows, so that step does not
+leave the GPU idle either. With fewer, a waiting request keeps the forward from being queued and the next
+step admits it with whatever arrived meanwhile (one prefill pass for all of them). Rows
 that finish in this step ride along in the queued forward (their KV write lands in their own lane before
 any later owner's, in stream order) and are dropped before sampling. When this step's commit changes a
 row in a way the queued forward did not foresee (a thinking budget's forced close appends tokens), the
@@ -60,9 +62,14 @@ class Overlap:
         overlap_schedule: on where the executor has ``forward_ahead`` (the CUDA-graph executor): by default on
             CUDA, off on the CPU (tests turn it on there); off, every forward is launched by its own step
             (``ninfer serve --overlap-schedule off``).
-        overlap_admission: a request waiting for a free lane is admitted while this step is sampled and its
-            prefill rides in the queued forward (admission ahead; ``engine_bench --overlap-admission off`` for
-            A/B runs); off, a waiting request keeps the next forward from being queued.
+        overlap_admission: when the waiting requests fill every free lane, they are admitted while this step
+            is sampled and their prefill rides in the queued forward (admission ahead; ``engine_bench
+            --overlap-admission off`` for A/B runs). Fewer waiting requests than free lanes keep the next forward
+            from being queued, as with it off: the next step admits them together with any that arrive
+            meanwhile. Admitting each arrival at once cost throughput: each prefill is its own pass over the
+            weights, and on the 8B shapes at B = 64 (closed loop, JSON Schema) one-by-one admission nearly
+            doubled the steps that carry a prefill (Qwen3: 157 vs 86 of 400), overall tok/s -1.6% / -3.2%
+            (``bench/results/session25_admission/``).
         steps_ahead: steps whose forward was queued ahead and used; ``ahead_discarded``: queued and then
             not used (a row changed beyond the queued inputs, or rows joined). Both are also the
             ``ninfer_steps_ahead_total{result=used|discarded}`` counter.
@@ -102,8 +109,8 @@ class Overlap:
         if resident != len(rows) or self.num_parked:
             return None
         admit = self._new_work()
-        if admit and not self.overlap_admission:
-            return None
+        if admit and not (self.overlap_admission and self._waiting.qsize() >= self.max_lanes - resident):
+            return None  # fewer waiting requests than free lanes: the next step admits them, with any that come
 
         def launch() -> None:
             t0 = time.perf_counter()

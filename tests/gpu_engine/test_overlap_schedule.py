@@ -324,21 +324,30 @@ def test_settling_a_pending_step_queues_no_forward(rig):
 
 def _forced_with_admission(overlap: bool, force_at: int = 3):
     """Request "a" gets a forced token after its ``force_at``-th (its queued forward is discarded) while "b",
-    submitted just before, was admitted ahead into that same queued forward."""
+    submitted just before into the one lane that just came free (every lane filled: admission ahead), was
+    admitted into that same queued forward. Returns the outputs, (steps ahead, discarded) and the prefill rows
+    queued ahead."""
     eng, _ = _engine("cpu", overlap, forcing=True)
+    queued_prefills = []
+    ahead = eng.program.forward_ahead
+    eng.program.forward_ahead = lambda batch: (queued_prefills.append(int(batch.prefill.sum())), ahead(batch))[1]
     try:
         eng.force_rid, eng.force_at = "a", force_at
         a = Request("a", [1, 2, 3], 10, SamplingOptions(temperature=1.0, seed=3))
+        fill = [Request(f"f{i}", [2 + i, 1], force_at - 1 if i == 0 else 10, SamplingOptions(temperature=1.0, seed=i))
+                for i in range(LANES - 1)]
         b = Request("b", [4, 5], 6, SamplingOptions(temperature=1.0, seed=5))
-        eng.submit(a)
+        for r in [a] + fill:
+            eng.submit(r)
+        reqs = [a, b] + fill
         for step in range(200):
-            if step == force_at - 1:
+            if step == force_at - 1:  # f0 has just ended: b waits for its lane while a's next step is sampled
                 eng.submit(b)
             eng.step()
-            if _settled(eng, [a, b]):
+            if _settled(eng, reqs):
                 break
-        return [(r.request_id, list(r.output_ids), f.finish_reason, f.error) for r, f in ((a, _finish(a)), (b, _finish(b)))], \
-            (eng.steps_ahead, eng.ahead_discarded)
+        out = [(r.request_id, list(r.output_ids), f.finish_reason, f.error) for r, f in ((r, _finish(r)) for r in reqs)]
+        return out, (eng.steps_ahead, eng.ahead_discarded), sum(queued_prefills)
     finally:
         _close(eng)
 
@@ -346,10 +355,10 @@ def _forced_with_admission(overlap: bool, force_at: int = 3):
 def test_a_discarded_queued_forward_gives_back_the_prefill_of_the_requests_it_admitted():
     """The admitted request's prefill went with the discarded forward: it is prefilled again (not decoded from
     a prompt-length position with no token, which raised IndexError and failed every resident request)."""
-    off, _ = _forced_with_admission(False)
-    on, (_, discarded) = _forced_with_admission(True)
-    assert on == off and discarded >= 1
-    assert [f[2] for f in on] == ["length", "length"] and on[0][1][3] == A and len(on[1][1]) == 6
+    off, _, _ = _forced_with_admission(False)
+    on, (_, discarded), admitted = _forced_with_admission(True)
+    assert on == off and discarded >= 1 and admitted >= 1
+    assert on[0][1][3] == A and len(on[1][1]) == 6 and all(f[3] is None for f in on)
 
 
 def test_a_request_cancelled_before_it_has_a_lane_frees_no_one_elses_kv():
