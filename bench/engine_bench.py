@@ -1074,9 +1074,9 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap-schedule", choices=["on", "off"], default="on",
                     help="queue a plain decode step's next forward before its tokens are read back (CUDA graphs; "
                          "default on, as ninfer serve; off for A/B runs)")
-    ap.add_argument("--overlap-admission", choices=["on", "off"], default="on",
-                    help="with the overlap: when waiting requests fill every free lane, admit them while a step is "
-                         "sampled and queue their prefill ahead (default on, as ninfer serve; off for A/B runs)")
+    ap.add_argument("--overlap-admission", choices=["on", "off"], default="off",
+                    help="with the overlap: admit a waiting request while a step is sampled and queue its prefill "
+                         "ahead (default off, as ninfer serve; on for A/B runs)")
     ap.add_argument("--step-send", choices=["before", "after", "auto"], default="auto",
                     help="a plain step's Step message before its forward launch, right after it, or chosen from the "
                          "measured Step work and forward time (default auto, as ninfer serve; Engine.step_send)")

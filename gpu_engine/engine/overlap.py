@@ -15,10 +15,9 @@ committed tokens, as before).
 A forward is queued ahead only when the next step's rows are known now: every resident row is a
 decode row of this step, none is speculative, penalised or parked, no Step answer is pending and every
 row has a next position. Rows this step prefilled are queued ahead too (their first token goes at the
-prompt length). When waiting requests fill every free lane (a saturated server), they are admitted right then
-(admission ahead): their prefill is queued in the same forward, after the decode rows, so that step does not
-leave the GPU idle either. With fewer, a waiting request keeps the forward from being queued and the next
-step admits it with whatever arrived meanwhile (one prefill pass for all of them). Rows
+prompt length). A request waiting for a free lane keeps the forward from being queued: the next step admits
+it with whatever arrived meanwhile, in one prefill pass. (Admission ahead, which queues the waiting requests'
+prefill in the same forward after the decode rows, is there but off by default: see ``overlap_admission``.) Rows
 that finish in this step ride along in the queued forward (their KV write lands in their own lane before
 any later owner's, in stream order) and are dropped before sampling. When this step's commit changes a
 row in a way the queued forward did not foresee (a thinking budget's forced close appends tokens), the
@@ -62,14 +61,15 @@ class Overlap:
         overlap_schedule: on where the executor has ``forward_ahead`` (the CUDA-graph executor): by default on
             CUDA, off on the CPU (tests turn it on there); off, every forward is launched by its own step
             (``ninfer serve --overlap-schedule off``).
-        overlap_admission: when the waiting requests fill every free lane, they are admitted while this step
-            is sampled and their prefill rides in the queued forward (admission ahead; ``engine_bench
-            --overlap-admission off`` for A/B runs). Fewer waiting requests than free lanes keep the next forward
-            from being queued, as with it off: the next step admits them together with any that arrive
-            meanwhile. Admitting each arrival at once cost throughput: each prefill is its own pass over the
-            weights, and on the 8B shapes at B = 64 (closed loop, JSON Schema) one-by-one admission nearly
-            doubled the steps that carry a prefill (Qwen3: 157 vs 86 of 400), overall tok/s -1.6% / -3.2%
-            (``bench/results/session25_admission/``).
+        overlap_admission: admission ahead, **off by default** (``engine_bench --overlap-admission on`` for A/B
+            runs): a request waiting for a free lane is admitted while this step is sampled and its prefill rides
+            in the queued forward. Off, a waiting request keeps the next forward from being queued and the next
+            step admits it with any that arrived meanwhile. Measured on the H200 (8B shapes, B = 64, closed
+            loop, ``bench/results/session25_admission/``): on, the JSON Schema decode ratio was lower in every
+            run (Llama-3.1-8B shape 0.981 vs 0.986, Qwen3-8B 0.965 vs 0.978; a variant that admitted ahead only
+            when the waiting requests filled every free lane: 0.866-0.971 and 0.808-0.835 vs 0.984 and 0.973) and
+            overall tok/s 1.6-3.2% lower (each admission's prefill is its own pass over the weights, and
+            admitting arrivals one by one nearly doubled the steps that carry one); TTFT p50 was 9-13% lower.
         steps_ahead: steps whose forward was queued ahead and used; ``ahead_discarded``: queued and then
             not used (a row changed beyond the queued inputs, or rows joined). Both are also the
             ``ninfer_steps_ahead_total{result=used|discarded}`` counter.
@@ -80,7 +80,7 @@ class Overlap:
         if overlap_schedule is None:  # a CPU forward is synchronous: nothing to overlap
             overlap_schedule = self.program.device.type == "cuda"
         self.overlap_schedule = bool(overlap_schedule and supported)
-        self.overlap_admission = True
+        self.overlap_admission = False
         self._ahead: Ahead | None = None
         self._ahead_launch_s = 0.0  # host time of the last queued launch (s)
         self.steps_ahead = 0
@@ -109,8 +109,8 @@ class Overlap:
         if resident != len(rows) or self.num_parked:
             return None
         admit = self._new_work()
-        if admit and not (self.overlap_admission and self._waiting.qsize() >= self.max_lanes - resident):
-            return None  # fewer waiting requests than free lanes: the next step admits them, with any that come
+        if admit and not self.overlap_admission:
+            return None  # the next step admits the waiting requests (with any that arrive meanwhile)
 
         def launch() -> None:
             t0 = time.perf_counter()

@@ -82,7 +82,7 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
     """Drive the engine step by step: 8 requests at once, 4 more (one constrained) after 5 steps (lanes are
     free only once rows finish), one cancelled at step 9; returns per request ``(ids, event summary)``, the
     engine's counters (``eng.admitted_ahead``: prefill rows carried by queued forwards) and the logits
-    sampled. ``admission``: the engine's ``overlap_admission``."""
+    sampled. ``admission``: the engine's ``overlap_admission`` (off by default; on here, as the harder case)."""
     eng, sc = _engine(device, overlap, crash_at, use_graphs, forcing, step_send, seq)
     eng.overlap_admission = admission
     queued = []  # per forward queued ahead: did it carry a constrained row
@@ -248,7 +248,7 @@ def test_overlap_is_on_by_default_only_where_a_forward_can_be_queued_ahead():
     for flag, want in ((False, False), (True, True)):
         eng, _ = _engine("cpu", flag)
         try:
-            assert eng.overlap_schedule is want
+            assert eng.overlap_schedule is want and eng.overlap_admission is False  # admission ahead: opt-in
         finally:
             _close(eng)
     eng, sc = _engine("cpu", True)
@@ -328,6 +328,7 @@ def _forced_with_admission(overlap: bool, force_at: int = 3):
     admitted into that same queued forward. Returns the outputs, (steps ahead, discarded) and the prefill rows
     queued ahead."""
     eng, _ = _engine("cpu", overlap, forcing=True)
+    eng.overlap_admission = True
     queued_prefills = []
     ahead = eng.program.forward_ahead
     eng.program.forward_ahead = lambda batch: (queued_prefills.append(int(batch.prefill.sum())), ahead(batch))[1]
