@@ -67,7 +67,7 @@ class Overlap:
             step admits it with any that arrived meanwhile. Measured on the H200 (8B shapes, B = 64, closed
             loop, ``bench/results/session25_admission/``): on, the JSON Schema decode ratio was lower in every
             run (Llama-3.1-8B shape 0.981 vs 0.986, Qwen3-8B 0.965 vs 0.978; a variant that admitted ahead only
-            when the waiting requests filled every free lane: 0.866-0.971 and 0.808-0.835 vs 0.984 and 0.973) and
+            when the waiting requests filled every free lane: 0.866-0.974 and 0.808-0.895 vs 0.984 and 0.973) and
             overall tok/s 1.6-3.2% lower (each admission's prefill is its own pass over the weights, and
             admitting arrivals one by one nearly doubled the steps that carry one); TTFT p50 was 9-13% lower.
         steps_ahead: steps whose forward was queued ahead and used; ``ahead_discarded``: queued and then
