@@ -242,7 +242,7 @@ class Engine(Drafting, Closing, OutputPublishing, Supervision, MaskWait, Overlap
         """Run one engine step; returns False when there was nothing to do."""
         ta = time.perf_counter()
         timings = getattr(self.program, "step_timings", None)
-        self.stats.trim_history(*(() if timings is None else (timings,)))  # bounded in a long-running server
+        self.stats.trim_history(timings)  # bounded in a long-running server
         revived = self._revive()
         queued = self._ahead is not None
         if not queued:  # a forward queued ahead has this step's rows: new requests join the next one

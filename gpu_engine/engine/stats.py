@@ -7,7 +7,7 @@ from shared_memory.layout import RingGeometry, bitmask_words
 
 
 #: per-step lists kept by default: the last HISTORY_STEPS entries at least, trimmed back to that once a list
-#: holds twice as many (a server steps hundreds of times a second: unbounded lists grew ~0.3 KB per step)
+#: holds twice as many (a server steps hundreds of times a second: unbounded lists grew ~0.4 KB per step)
 HISTORY_STEPS = 16384
 
 #: the EngineStats fields that grow by one entry per step (or per speculative / constrained step)
@@ -67,8 +67,8 @@ class EngineStats:
     sidecar_steps: int = 0  # Step answers counted in sidecar_work_s
     steps_sent_after: int = 0  # steps whose Step message went out after their forward launch (step_send)
 
-    def trim_history(self, *extra: list) -> None:
-        """Drop the oldest entries of each per-step list (and of each list in ``extra``, e.g. the executor's
+    def trim_history(self, extra: list | None = None) -> None:
+        """Drop the oldest entries of each per-step list (and of ``extra``, e.g. the executor's
         ``step_timings``) that holds ``2 * history_limit`` or more, keeping the last ``history_limit``: amortised
         O(1) per step, and the memory of a long-running engine stays bounded. The engine calls it between
         steps (a step's own positional reads into these lists never span a trim). No-op when
@@ -76,7 +76,7 @@ class EngineStats:
         n = self.history_limit
         if n is None:
             return
-        for lst in [getattr(self, f) for f in PER_STEP_FIELDS] + list(extra):
+        for lst in [getattr(self, f) for f in PER_STEP_FIELDS] + ([] if extra is None else [extra]):
             if len(lst) >= 2 * n:
                 del lst[:-n]
 

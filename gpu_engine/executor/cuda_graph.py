@@ -242,8 +242,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         h[_FIN_LANES, :b] = [r.lane for r in rows]
         # the draw's position (seed 000 §sampling); ``ahead``: a forward queued ahead draws each decode row's
         # next token, one further than its output now (a prefill row draws its first, at 0)
-        h[_FIN_POS, :b] = ([len(r.output_ids) + ahead for r in rows] if not ahead else
-                           [0 if p else len(r.output_ids) + ahead for r, p in zip(rows, prefill)])
+        prefill = prefill or [False] * b
+        h[_FIN_POS, :b] = [len(r.output_ids) + (0 if p else ahead) for r, p in zip(rows, prefill)]
         h[_FIN_ENABLED, :b] = enabled
         h[_FIN_LANES, b:bb] = rows[0].lane
         h[_FIN_POS, b:bb] = 0
@@ -327,7 +327,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
 
     def _forward_rows(self, batch: StepBatch, ahead: bool) -> torch.Tensor:
         """The graph forward of ``batch``'s rows (decode rows through the Forward graphs, prefill rows
-        batched); ``ahead``: see :meth:`forward_ahead` (decode ids from ``_out``, positions + 1)."""
+        batched); ``ahead``: see :meth:`forward_ahead` (decode ids from ``_out``, positions from ``batch.start``)."""
         if self.is_cuda:  # this forward's events (the step before may still wait on its own set)
             self._events = self._event_sets[self._events is self._event_sets[0]]
         rows = batch.rows
@@ -347,10 +347,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
             self.reserve(drows, 1 + step)
             h[_FWD_IDS, :nd] = 0 if ahead else [r.output_ids[-1] for r in drows]
             h[_FWD_LANES, :nd] = [r.lane for r in drows]
-            # a row queued ahead inputs the token being sampled now: one position further, unless it is the
-            # row's first (the step being sampled prefilled it: num_cached is already its prompt length)
-            pos = [r.num_cached + (step if r.output_ids else 0) for r in drows] if ahead else \
-                [r.num_cached for r in drows]
+            # queued ahead: the positions the engine put in batch.start (see forward_ahead; decode rows first)
+            pos = batch.start[:nd].tolist() if ahead else [r.num_cached for r in drows]
             h[_FWD_POS, :nd] = pos
             h[_FWD_IDS, nd:bd] = h[_FWD_IDS, 0]
             h[_FWD_LANES, nd:bd] = h[_FWD_LANES, 0]
