@@ -16,46 +16,24 @@ from __future__ import annotations
 
 import os
 import random
-import uuid
 
 import pytest
 import torch
 
 from gpu_engine.core.request import ConstraintRef, Request, SamplingOptions
-from gpu_engine.engine.loop import Engine, ring_geometry
-from gpu_engine.model.llama import build_model
-from gpu_engine.model.vocab import TokenVocabulary
-from shared_memory.ring import MaskRing
 
-from test_overlap_schedule import CFG, _close  # noqa: E402
-from test_sidecar_replay import EOS, V, CrashingSidecar, _finish, _settled  # noqa: E402
+from test_overlap_schedule import _close, _engine  # noqa: E402
+from test_sidecar_replay import V, _finish, _settled  # noqa: E402
 
 LANES = 6
 SEEDS = int(os.environ.get("NINFER_OVERLAP_FUZZ_SEEDS", "12"))
 
 
-class MultiForcing(Engine):
-    """Appends one forced token to request ``rid`` once it has ``force[rid]`` output tokens."""
-
-    force: dict[str, int] = {}
-
-    def _commit(self, r, toks):
-        super()._commit(r, toks)
-        k = self.force.get(r.request_id)
-        if k is not None and len(r.output_ids) == k and not r.finished and r.num_cached + 3 < self.program.max_seq_len:
-            self.program.append_forced(r, [3])
-            r.output_ids.append(3)
-
-
 def _make(device: str, overlap: bool, seq: int, budget: int, step_send: str, admission: bool, graphs: bool,
           sleep_cycles: int):
-    from gpu_engine.executor.cuda_graph import CudaProgram
-
-    vocab = TokenVocabulary(V, tuple(bytes([65 + i]) for i in range(V)), frozenset({EOS}), (EOS,))
-    ring = MaskRing.create(f"ninfer-fz-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_geometry(LANES, 0, V))
-    dev = torch.device(device)
-    model = build_model(CFG, dev, torch.float32, LANES, seq, weights="random", seed=5)
-    prog = CudaProgram(model, V, dev, ring, use_graphs=graphs, prefill_graphs="on" if graphs else "off")
+    eng, sc = _engine(device, overlap, use_graphs=graphs, forcing=True, step_send=step_send, seq=seq, lanes=LANES,
+                      prefill_graphs="on" if graphs else "off")
+    prog = eng.program
     prog.prefill_token_budget = budget
     if sleep_cycles:  # the GPU lags the host: this forward's uploads are still queued when the next is written
         fr, pr = prog._forward_rows, prog._prefill_rows
@@ -69,9 +47,6 @@ def _make(device: str, overlap: bool, seq: int, budget: int, step_send: str, adm
             return pr(rows)
 
         prog._forward_rows, prog._prefill_rows = slow_forward, slow_prefill
-    sc = CrashingSidecar(ring, 0)
-    sc.release.set()
-    eng = MultiForcing(prog, vocab, sidecar=sc, ring=ring, overlap_schedule=overlap, step_send=step_send)
     eng.overlap_admission = admission
     return eng, sc
 

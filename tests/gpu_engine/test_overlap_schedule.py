@@ -32,26 +32,28 @@ LANES, SEQ = 8, 64
 
 
 class ForcingEngine(Engine):
-    """Appends one forced token (as a thinking budget's forced close does) to request ``force_rid`` after its
-    ``force_at``-th token: the forward queued for it during that step no longer matches and is discarded."""
+    """Appends one forced token ``A`` (as a thinking budget's forced close does) to each request of ``force``
+    (request id -> output length) once it has that many tokens and room for more: the forward queued for it
+    during that step no longer matches and is discarded."""
 
-    force_rid, force_at = "", 0
+    force: dict[str, int] = {}
 
     def _commit(self, r, toks):
         super()._commit(r, toks)
-        if r.request_id == self.force_rid and len(r.output_ids) == self.force_at and not r.finished:
+        k = self.force.get(r.request_id)
+        if k is not None and len(r.output_ids) == k and not r.finished and r.num_cached + 3 < self.program.max_seq_len:
             self.program.append_forced(r, [A])
             r.output_ids.append(A)
 
 
 def _engine(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False, forcing: bool = False,
-            step_send: str = "after", seq: int = SEQ):
+            step_send: str = "after", seq: int = SEQ, lanes: int = LANES, prefill_graphs: str = "off"):
     from gpu_engine.executor.cuda_graph import CudaProgram
 
     vocab = TokenVocabulary(V, tuple(bytes([65 + i]) for i in range(V)), frozenset({EOS}), (EOS,))
-    ring = MaskRing.create(f"ninfer-test-overlap-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_geometry(LANES, 0, V))
-    model = build_model(CFG, torch.device(device), torch.float32, LANES, seq, weights="random", seed=5)
-    prog = CudaProgram(model, V, torch.device(device), ring, use_graphs=use_graphs, prefill_graphs="off")
+    ring = MaskRing.create(f"ninfer-test-overlap-{os.getpid()}-{uuid.uuid4().hex[:8]}", ring_geometry(lanes, 0, V))
+    model = build_model(CFG, torch.device(device), torch.float32, lanes, seq, weights="random", seed=5)
+    prog = CudaProgram(model, V, torch.device(device), ring, use_graphs=use_graphs, prefill_graphs=prefill_graphs)
     sc = CrashingSidecar(ring, crash_at)
     sc.release.set()
     eng = (ForcingEngine if forcing else Engine)(prog, vocab, sidecar=sc, ring=ring, overlap_schedule=overlap,
@@ -96,7 +98,7 @@ def _run(device: str, overlap: bool, crash_at: int = 0, use_graphs: bool = False
 
     eng.program.forward_ahead = recording_ahead
     if forcing:
-        eng.force_rid, eng.force_at = "r5", 3
+        eng.force = {"r5": 3}
     counted = []  # the ninfer_steps_ahead_total increments (result used / discarded)
     eng.metrics.step_ahead = counted.append
     seen = {}  # (request id, output position) -> the logits it was sampled from
@@ -333,7 +335,7 @@ def _forced_with_admission(overlap: bool, force_at: int = 3):
     ahead = eng.program.forward_ahead
     eng.program.forward_ahead = lambda batch: (queued_prefills.append(int(batch.prefill.sum())), ahead(batch))[1]
     try:
-        eng.force_rid, eng.force_at = "a", force_at
+        eng.force = {"a": force_at}
         a = Request("a", [1, 2, 3], 10, SamplingOptions(temperature=1.0, seed=3))
         fill = [Request(f"f{i}", [2 + i, 1], force_at - 1 if i == 0 else 10, SamplingOptions(temperature=1.0, seed=i))
                 for i in range(LANES - 1)]
