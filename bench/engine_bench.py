@@ -152,7 +152,8 @@ def build_stack(model: str, device: str, max_lanes: int, max_seq_len: int, cuda_
 
         program = CudaProgram(loaded.model, vocab.vocab_size, loaded.model.device, ring,
                               use_graphs=cuda_graphs != "off", graph_context=graph_context,
-                              prefill_graphs=prefill_graphs, fused_sample=None if finish == "fused" else False)
+                              prefill_graphs=prefill_graphs, fused_sample=None if finish.startswith("fused") else False,
+                              sample_splits=1 if finish == "fused-one" else None)
     else:
         from gpu_engine.executor.eager import Program
 
@@ -712,6 +713,8 @@ def run_model(label: str, model: str, args, schemas: list[str], random_weights: 
                step_send=engine.step_send.mode, overlap_schedule=engine.overlap_schedule,
                overlap_admission=engine.overlap_admission,
                fused_sample=getattr(engine.program, "fused_sample", False),
+               sample_splits="default" if getattr(engine.program, "sample_splits", None) is None
+               else engine.program.sample_splits,
                weight_bytes=hbm[0], kv_bytes_per_token=hbm[1],
                prefill_graph_buckets=[getattr(engine.program, "prefill_rows_buckets", []),
                                       getattr(engine.program, "prefill_len_buckets", [])],
@@ -1065,9 +1068,10 @@ def main(argv=None) -> int:
                     help="sidecar Step shards (default 1, as ninfer serve; 0 = the sidecar's auto choice)")
     ap.add_argument("--step-transport", choices=["socket", "grpc"], default="socket",
                     help="the engine's Step stream transport (default socket, as ninfer serve)")
-    ap.add_argument("--finish", choices=["fused", "torch"], default="fused",
-                    help="the Finish phase's sampler without top-k/top-p/min-p: the one Triton kernel (default, "
-                         "where CUDA and Triton are) or the torch ops (A/B runs)")
+    ap.add_argument("--finish", choices=["fused", "fused-one", "torch"], default="fused",
+                    help="the Finish phase's sampler without top-k/top-p/min-p: the fused Triton kernels (default, "
+                         "where CUDA and Triton are; split rows at small batches), the same with one program per "
+                         "row (fused-one), or the torch ops (A/B runs)")
     ap.add_argument("--publish", choices=["default", "immediate"], default="default",
                     help="immediate: publish each step's Deltas at its commit, not during the next forward "
                          "(the engine defers them on CUDA; A/B runs)")

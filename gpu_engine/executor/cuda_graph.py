@@ -73,6 +73,8 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         fused_sample: Finish graphs without top-k / top-p / min-p sample with the one-kernel
             :func:`~gpu_engine.sample.fused_sample.sample_fused` (``None`` = when CUDA and Triton are there;
             ``False``: the torch :func:`~gpu_engine.sample.sampler.sample` everywhere, for A/B runs).
+        sample_splits: the fused sampler's runs per row (``splits`` of :func:`sample_fused`; ``None`` = its
+            default, split rows at small batches; ``1``: one program per row, for A/B runs).
 
     Buffers (all allocated here, on ``device``):
         ``logits``: ``[L, V]`` float32, Forward output / Finish input, batch-row order.
@@ -90,7 +92,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device, ring=None,
                  use_graphs: bool = True, graph_context: str = "buckets", timing: bool = True,
                  prefill_graphs: str | None = None, spec_graphs: bool = False,
-                 fused_sample: bool | None = None) -> None:
+                 fused_sample: bool | None = None, sample_splits: int | None = None) -> None:
         super().__init__(model, vocab_size, device)
         self.is_cuda = self.device.type == "cuda"
         self._device_index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) \
@@ -100,6 +102,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         if fused_sample is None:  # default: on where the Triton kernel can run
             fused_sample = self.is_cuda and triton_available()
         self.fused_sample = bool(fused_sample)
+        self.sample_splits = sample_splits
         self.model_seq_len = model.max_seq_len
         self.scratch_pos = model.max_seq_len - 1
         self.max_seq_len = model.max_seq_len - 1  # last position is the padding rows' scratch

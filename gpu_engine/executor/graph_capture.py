@@ -209,7 +209,7 @@ class GraphPhases:
         if self.fused_sample and not filters:
             sample_fused(self.logits[:b], self._lane_f32[0].index_select(0, lanes),
                          self._lane_i64[1].index_select(0, lanes), positions, words, enabled,
-                         out=(self._out[0, :b], self._out[1, :b]))
+                         out=(self._out[0, :b], self._out[1, :b]), splits=self.sample_splits)
             return
         st = self._lane_sampling(lanes, b, filters)
         tok, err = sample(self.logits[:b], st, words, None if enabled is None else enabled != 0, positions)
@@ -265,7 +265,7 @@ class GraphPhases:
         logits = self.spec_logits[:b].flatten(0, 1)
         zf, zi = self._spec_zeros_f32[:n], self._spec_zeros_i64[:n]  # temperature 0; seed / position unused
         if self.fused_sample:
-            tok, perr = sample_fused(logits, zf, zi, zi, flat_words, enabled)
+            tok, perr = sample_fused(logits, zf, zi, zi, flat_words, enabled, splits=self.sample_splits)
         else:
             st = SamplingTensors(temperature=zf, top_k=zi.to(torch.int32), top_p=zf + 1, min_p=zf,
                                  presence_penalty=zf, frequency_penalty=zf, repetition_penalty=zf + 1, seed=zi,

@@ -1,11 +1,11 @@
-"""The plain sampling step in one Triton kernel: bitmask, temperature / greedy and the draw.
+"""The plain sampling step in Triton kernels: bitmask, temperature / greedy and the draw.
 
 :func:`gpu_engine.sample.sampler.sample` is ~25 torch kernels over ``[B, V]`` (unpack the bitmask to
 ``[B, W, 32]``, mask, finite checks, argmax, softmax, the counter RNG's ten ``[B, V]`` int64 passes,
 ``-log``, divide, argmax). On an H200 that Finish phase took 0.47 ms at B = 64 unconstrained and
 0.78 ms with masks (``bench/results/engine_bench_h200_b958210.json``, ``gpu_finish_ms_p50``), a third
 of a SmolLM2 decode step. :func:`sample_fused` computes the same thing for the rows it covers in one
-kernel, one program per row, two passes over the row's logits:
+kernel per pass (three kernels), two passes over the row's logits:
 
 1. the row's error (``SAMPLE_ERR_EMPTY_MASK``, ``SAMPLE_ERR_NONFINITE``), the legal maximum and its
    first index (the greedy token);
@@ -21,6 +21,18 @@ The draw is the same random variable as the reference's; the token agrees unless
 ``w / E`` are within float32 rounding of each other (the reference divides by the softmax sum first,
 and Triton's ``exp`` / ``log`` may differ from torch's by an ulp).
 
+**Split rows** (small batches). One program per row leaves most of the GPU idle when ``B`` is small: at
+``B = 1`` one streaming multiprocessor walks the whole vocabulary twice (0.09 ms for SmolLM2's 49k tokens,
+0.21-0.30 ms for the 128k / 152k vocabularies of the 8B shapes on the H200, ``gpu_finish_ms_p50`` in
+``bench/results/engine_bench_h200*.json``). With ``splits = S > 1`` each row's vocabulary is cut into ``S``
+runs of whole ``BLOCK_V`` blocks and three kernels do the same two passes: per run the pass-1 partials
+(maximum, its first index, the counts); per run the race over the run, against the row's maximum reduced
+from those partials; per row the reduction of the race partials. A maximum's first index is the smallest
+index among the runs that reach the maximum, and the runs are whole blocks in token order, so every token
+and error code is bit-identical to ``S = 1`` (the per-token arithmetic is unchanged, only where the
+argmax reductions meet). ``splits=None`` picks ``S`` from the device's multiprocessor count
+(:func:`split_count`): 1 on the CPU and whenever ``B`` rows already fill the GPU.
+
 Top-k / top-p / min-p (a sort) and penalties stay on the torch path. Runs on CUDA, or on the CPU
 under ``TRITON_INTERPRET=1`` (tests/gpu_engine/test_fused_sample.py).
 """
@@ -33,100 +45,38 @@ import torch
 from gpu_engine.sample.rng import Purpose
 from gpu_engine.sample.sampler import SAMPLE_ERR_EMPTY_MASK, SAMPLE_ERR_NONFINITE, SAMPLE_OK
 
-__all__ = ["sample_fused", "BLOCK_V"]
+__all__ = ["sample_fused", "split_count", "BLOCK_V"]
 
 #: Tokens per loop iteration of a row's program (a power of two).
 BLOCK_V = 2048
 
 
 @functools.cache
-def _kernel():
-    import triton
-    import triton.language as tl
+def _kernels():
+    from gpu_engine.sample import fused_sample_kernels as k  # imports Triton
 
-    @triton.jit
-    def _sample_row(logits_ptr, words_ptr, enabled_ptr, temp_ptr, seed_ptr, pos_ptr, purpose_ptr,
-                    tok_ptr, err_ptr, V, LOGITS_STRIDE, WORDS_STRIDE, PURPOSE,
-                    MASKED: tl.constexpr, HAS_ENABLED: tl.constexpr, PURPOSE_PER_ROW: tl.constexpr,
-                    BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK)
-        neg_inf = float("-inf")
-        lrow = logits_ptr + row * LOGITS_STRIDE
-        if HAS_ENABLED:
-            off = tl.load(enabled_ptr + row).to(tl.int64) == 0  # an unconstrained row: its words are ignored
-        else:
-            off = tl.full([], 0, tl.int32) != 0
-        # pass 1: error flags, the legal maximum and its first index
-        best = tl.full([], neg_inf, tl.float32)
-        best_i = tl.full([], 0, tl.int64)
-        bad = tl.full([], 0, tl.int32)        # a NaN or +inf logit anywhere in the row
-        n_legal = tl.full([], 0, tl.int32)    # legal tokens (mask bits in [0, V))
-        n_finite = tl.full([], 0, tl.int32)   # legal tokens with a finite logit
-        for start in range(0, V, BLOCK):
-            idx = start + offs
-            inb = idx < V
-            z = tl.load(lrow + idx, mask=inb, other=0.0).to(tl.float32)
-            bad = tl.maximum(bad, tl.max(((z != z) | (z == float("inf"))).to(tl.int32), axis=0))
-            legal = inb
-            if MASKED:
-                w = tl.load(words_ptr + row * WORDS_STRIDE + (idx >> 5), mask=inb, other=0)
-                bit = ((w >> (idx & 31).to(tl.int32)) & 1) != 0
-                legal = inb & (bit | off)
-            n_legal += tl.sum(legal.to(tl.int32), axis=0)
-            zm = tl.where(legal, z, neg_inf)
-            n_finite += tl.sum((zm > neg_inf).to(tl.int32), axis=0)
-            m = tl.max(zm, axis=0)
-            mi = tl.argmax(zm, axis=0).to(tl.int64) + start
-            take = m > best
-            best_i = tl.where(take, mi, best_i)
-            best = tl.where(take, m, best)
-        err = tl.where(n_legal == 0, 1, tl.where((bad != 0) | (n_finite == 0), 2, 0))
-        temp = tl.load(temp_ptr + row)
-        tok = best_i
-        if (temp > 0) & (err == 0):
-            # pass 2: exponential race over the legal tokens (rng.py: key = mix(mix(seed + G) + ctr * G),
-            # ctr = position << 8 | purpose; u_i from the top 23 bits of mix(key + (i + 1) * G))
-            seed = tl.load(seed_ptr + row).to(tl.uint64, bitcast=True)
-            pos = tl.load(pos_ptr + row).to(tl.uint64, bitcast=True)
-            if PURPOSE_PER_ROW:
-                pur = tl.load(purpose_ptr + row).to(tl.uint64, bitcast=True)
-            else:
-                pur = tl.full([], PURPOSE, tl.uint64)
-            # splitmix64's finaliser written out (a nested @jit helper is not visible from this closure)
-            x = seed + 0x9E3779B97F4A7C15
-            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
-            x = (x ^ (x >> 27)) * 0x94D049BB133111EB
-            x = (x ^ (x >> 31)) + ((pos << 8) | pur) * 0x9E3779B97F4A7C15
-            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
-            x = (x ^ (x >> 27)) * 0x94D049BB133111EB
-            key = x ^ (x >> 31)
-            r_best = tl.full([], -1.0, tl.float32)
-            for start in range(0, V, BLOCK):
-                idx = start + offs
-                inb = idx < V
-                z = tl.load(lrow + idx, mask=inb, other=0.0).to(tl.float32)
-                legal = inb
-                if MASKED:
-                    w = tl.load(words_ptr + row * WORDS_STRIDE + (idx >> 5), mask=inb, other=0)
-                    bit = ((w >> (idx & 31).to(tl.int32)) & 1) != 0
-                    legal = inb & (bit | off)
-                wt = tl.where(legal, tl.exp((z - best) / temp), 0.0)
-                h = key + (idx + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
-                h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9
-                h = (h ^ (h >> 27)) * 0x94D049BB133111EB
-                h = h ^ (h >> 31)
-                u = ((h >> 41).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-                ratio = wt / (-tl.log(u))
-                m = tl.max(ratio, axis=0)
-                mi = tl.argmax(ratio, axis=0).to(tl.int64) + start
-                take = m > r_best
-                tok = tl.where(take, mi, tok)
-                r_best = tl.where(take, m, r_best)
-        tl.store(tok_ptr + row, tl.where(err == 0, tok, -1))
-        tl.store(err_ptr + row, err)
+    return k._run_stats, k._run_race, k._row_result
 
-    return _sample_row
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def split_count(b: int, v: int, device: torch.device) -> int:
+    """Runs per row (``splits``) :func:`sample_fused` uses by default for ``b`` rows of ``v`` logits.
+
+    About as many programs as the device has multiprocessors: ``min(blocks, SMs // b)`` runs, at least 1, rounded
+    to whole ``BLOCK_V`` blocks per run (``blocks = ceil(v / BLOCK_V)``). 1 off CUDA. On the H200 (132 SMs):
+    SmolLM2 (``v`` = 49,152, 24 blocks) 24 runs at ``b`` = 1, 4 at 32, 2 at 64, 1 from 67 rows up.
+    """
+    if device.type != "cuda" or b <= 0:
+        return 1
+    blocks = -(-v // BLOCK_V)
+    want = max(1, min(blocks, _multiprocessors(device.index if device.index is not None else
+                                               torch.cuda.current_device()) // b))
+    per_run = -(-blocks // want)
+    return -(-blocks // per_run)
 
 
 def sample_fused(
@@ -138,6 +88,7 @@ def sample_fused(
     enabled: torch.Tensor | None = None,
     purpose: int | torch.Tensor = Purpose.SAMPLE,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~gpu_engine.sample.sampler.sample` without filters or penalties, in one Triton kernel.
 
@@ -155,6 +106,9 @@ def sample_fused(
             is given).
         purpose: a :class:`~gpu_engine.sample.rng.Purpose`, or ``[B]`` int64 of them.
         out: optional ``(tokens [B] int64, errors [B] int32 or int64)`` to write into.
+        splits: runs of whole ``BLOCK_V`` blocks per row (module docstring, "Split rows"); ``None`` =
+            :func:`split_count`. More runs than blocks are cut to one block each. The result does not depend
+            on it.
 
     Returns:
         ``(tokens [B] int64 (-1 on error rows), errors [B])`` with the codes of
@@ -162,7 +116,7 @@ def sample_fused(
 
     Raises:
         ValueError: a shape, dtype, stride or device the kernel does not handle (every per-row tensor
-            must be a contiguous ``[B]`` of the dtype above, on the logits' device; ``V >= 1``).
+            must be a contiguous ``[B]`` of the dtype above, on the logits' device; ``V >= 1``; ``splits >= 1``).
     """
     if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(-1) != 1:
         raise ValueError(f"sample_fused needs [B, V > 0] logits with unit stride along V, got {tuple(logits.shape)} "
@@ -188,18 +142,35 @@ def sample_fused(
         if t.shape != (b,) or t.dtype not in dtypes or (b > 1 and t.stride(0) != 1) or t.device != dev:
             raise ValueError(f"sample_fused {name} must be a contiguous [{b}] {' / '.join(map(str, dtypes))} tensor "
                              f"on {dev}, got {tuple(t.shape)} {t.dtype} strides {t.stride()} on {t.device}")
+    if splits is not None and int(splits) < 1:
+        raise ValueError(f"sample_fused splits must be >= 1, got {splits}")
     if b == 0:
         return tok, err
+    blocks = -(-v // BLOCK_V)
+    want = split_count(b, v, dev) if splits is None else min(int(splits), blocks)
+    per_run = -(-blocks // want)
+    runs = -(-blocks // per_run)  # every run has a block
     per_row = isinstance(purpose, torch.Tensor)
     dummy = tok  # any device tensor for pointers a variant never reads
-    _kernel()[(b,)](
-        logits, words if words is not None else dummy, enabled if enabled is not None else dummy,
-        temperature, seed, positions, purpose if per_row else dummy, tok, err,
-        v, logits.stride(0),
-        words.stride(0) if words is not None else 0, 0 if per_row else int(purpose),
-        MASKED=words is not None, HAS_ENABLED=enabled is not None, PURPOSE_PER_ROW=per_row, BLOCK=BLOCK_V,
-        num_warps=8,
-    )
+    n = b * runs
+    # partials of the runs: float32 [2, n] (pass-1 maximum, race maximum), int64 [5, n] (the maximum's first
+    # index, NaN/+inf seen, legal count, finite legal count, the race's first index); from the graph pool
+    # when captured
+    pf = torch.empty((2, n), dtype=torch.float32, device=dev)
+    pi = torch.empty((5, n), dtype=torch.int64, device=dev)
+    stats, race, result = _kernels()
+    masked, has_enabled = words is not None, enabled is not None
+    w_arg = words if masked else dummy
+    e_arg = enabled if has_enabled else dummy
+    w_stride = words.stride(0) if masked else 0
+    s_pow2 = 1 << (runs - 1).bit_length()
+    stats[(b, runs)](logits, w_arg, e_arg, pf, pi, v, logits.stride(0), w_stride, runs, per_run, n,
+                     MASKED=masked, HAS_ENABLED=has_enabled, BLOCK=BLOCK_V, num_warps=8)
+    race[(b, runs)](logits, w_arg, e_arg, temperature, seed, positions, purpose if per_row else dummy, pf, pi,
+                    v, logits.stride(0), w_stride, 0 if per_row else int(purpose), runs, per_run, n,
+                    MASKED=masked, HAS_ENABLED=has_enabled, PURPOSE_PER_ROW=per_row, BLOCK=BLOCK_V,
+                    S_POW2=s_pow2, num_warps=8)
+    result[(b,)](pf, pi, temperature, tok, err, runs, n, S_POW2=s_pow2, num_warps=1)
     return tok, err
 
 

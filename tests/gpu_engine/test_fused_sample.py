@@ -33,6 +33,11 @@ _CASES = textwrap.dedent("""
         tok, err = sample_fused(logits, temp, seed, pos, words, enabled, purpose)
         assert torch.equal(tok.cpu(), want_tok.cpu()), (tok, want_tok)
         assert torch.equal(err.cpu().long(), want_err.cpu().long()), (err, want_err)
+        # split rows (runs of whole blocks: 1, 2, 3, ... a block each) give the same tokens and codes
+        blocks = -(-logits.shape[1] // BLOCK_V)
+        for splits in sorted({{1, 2, 3, blocks}}):
+            t_s, e_s = sample_fused(logits, temp, seed, pos, words, enabled, purpose, splits=splits)
+            assert torch.equal(t_s.cpu(), tok.cpu()) and torch.equal(e_s.cpu(), err.cpu()), (splits, t_s, tok)
         return tok.cpu(), err.cpu()
 
     def random_case(b, v, dev, gen, density):
@@ -197,12 +202,28 @@ def test_malformed_inputs_are_refused_before_launch():
         dict(logits=torch.randn(b, 0)),                                # V = 0
         dict(logits=torch.randn(v, b).t()),                            # not unit stride along V
         dict(logits=torch.randn(b, 2, v)),
+        dict(splits=0),
     ]
     for kw in bad:
         args = dict(logits=logits, temperature=temp, seed=seed, positions=pos)
         args.update(kw)
         with pytest.raises(ValueError, match="sample_fused"):
             sample_fused(**args)
+
+
+def test_split_count_fills_the_multiprocessors_with_whole_blocks(monkeypatch):
+    """Runs per row: about SMs // B, whole blocks per run, at most one run per block, 1 off CUDA."""
+    from gpu_engine.sample import fused_sample
+    from gpu_engine.sample.fused_sample import BLOCK_V, split_count
+
+    monkeypatch.setattr(fused_sample, "_multiprocessors", lambda index: 132)  # an H200
+    cuda = torch.device("cuda", 0)
+    assert BLOCK_V == 2048
+    assert [split_count(b, 49152, cuda) for b in (1, 5, 32, 64, 66, 67, 128)] == [24, 24, 4, 2, 2, 1, 1]
+    assert split_count(1, 151936, cuda) == 75                 # 75 blocks, the last one partial
+    assert split_count(2, 151936, cuda) == 38                 # 66 wanted: 2 blocks per run, 38 runs
+    assert split_count(1, 100, cuda) == 1 and split_count(0, 49152, cuda) == 1
+    assert split_count(1, 49152, torch.device("cpu")) == 1
 
 
 @pytest.mark.gpu
@@ -220,10 +241,14 @@ def test_cuda_fused_kernel_in_a_captured_graph():
     """Replaying a captured graph of the kernel gives the eager kernel's tokens (static buffers, new inputs)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    for b in (1, 64):  # 24 and 2 runs per row on an H200: partials allocated under capture
+        _captured_graph_case(b, 49152)
+
+
+def _captured_graph_case(b: int, v: int) -> None:
     from gpu_engine.sample.bitmask import pack_bitmask
     from gpu_engine.sample.fused_sample import sample_fused
 
-    b, v = 64, 49152
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(b, v, generator=gen).cuda()
     words = pack_bitmask(torch.rand(b, v, generator=gen) < 0.2).cuda()
@@ -244,3 +269,5 @@ def test_cuda_fused_kernel_in_a_captured_graph():
         torch.cuda.synchronize()
         want = sample_fused(logits, temp, seed, pos, words, enabled)
         assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1].long())
+        one = sample_fused(logits, temp, seed, pos, words, enabled, splits=1)  # one program per row
+        assert torch.equal(one[0], want[0]) and torch.equal(one[1], want[1])
