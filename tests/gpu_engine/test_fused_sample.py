@@ -35,7 +35,7 @@ _CASES = textwrap.dedent("""
         assert torch.equal(err.cpu().long(), want_err.cpu().long()), (err, want_err)
         # split rows (runs of whole blocks: 1, 2, 3, ... a block each) give the same tokens and codes
         blocks = -(-logits.shape[1] // BLOCK_V)
-        for splits in sorted({{1, 2, 3, blocks}}):
+        for splits in sorted(set([1, 2, 3, blocks])):
             t_s, e_s = sample_fused(logits, temp, seed, pos, words, enabled, purpose, splits=splits)
             assert torch.equal(t_s.cpu(), tok.cpu()) and torch.equal(e_s.cpu(), err.cpu()), (splits, t_s, tok)
         return tok.cpu(), err.cpu()
