@@ -70,7 +70,7 @@ class CudaProgram(GraphPrefill, GraphPhases, Program):
         spec_graphs: run speculative steps (target forward at width ``K_ring + 1``, the ring's
             positions, and verification) through graphs (needs a ring with ``K_ring >= 1``), see
             :mod:`gpu_engine.executor.graph_capture`; off: speculative steps run eagerly.
-        fused_sample: Finish graphs without top-k / top-p / min-p sample with the one-kernel
+        fused_sample: Finish graphs without top-k / top-p / min-p sample with the fused
             :func:`~gpu_engine.sample.fused_sample.sample_fused` (``None`` = when CUDA and Triton are there;
             ``False``: the torch :func:`~gpu_engine.sample.sampler.sample` everywhere, for A/B runs).
         sample_splits: the fused sampler's runs per row (``splits`` of :func:`sample_fused`; ``None`` = its

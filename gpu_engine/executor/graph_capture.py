@@ -9,8 +9,8 @@ A decode step is two captured phases with the mask upload between them:
   of the ring slot; ``enabled`` flag per row) -> the ordinary
   :func:`gpu_engine.sample.sampler.sample` -> tokens and error codes into ``[2, L]`` int64.
   Without top-k / top-p / min-p (``filters`` off) and with ``fused_sample``, the mask, temperature
-  and draw are one Triton kernel (:func:`gpu_engine.sample.fused_sample.sample_fused`, same
-  semantics) instead of ~25 torch kernels.
+  and draw are fused Triton kernels (:func:`gpu_engine.sample.fused_sample.sample_fused`, same
+  semantics: one per row, or three with rows split into runs at small batches) instead of ~25 torch kernels.
 
 * **Speculative Forward** graph per ``(batch bucket, context bucket)`` at the fixed width
   ``T = K_ring + 1`` (only with ``spec_graphs``): static ``[L, T]`` ids (``[last token] + drafts``,

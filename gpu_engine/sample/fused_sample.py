@@ -24,14 +24,17 @@ and Triton's ``exp`` / ``log`` may differ from torch's by an ulp).
 **Split rows** (small batches). One program per row leaves most of the GPU idle when ``B`` is small: at
 ``B = 1`` one streaming multiprocessor walks the whole vocabulary twice (0.09 ms for SmolLM2's 49k tokens,
 0.21-0.30 ms for the 128k / 152k vocabularies of the 8B shapes on the H200, ``gpu_finish_ms_p50`` in
-``bench/results/engine_bench_h200*.json``). With ``splits = S > 1`` each row's vocabulary is cut into ``S``
-runs of whole ``BLOCK_V`` blocks and three kernels do the same two passes: per run the pass-1 partials
-(maximum, its first index, the counts); per run the race over the run, against the row's maximum reduced
-from those partials; per row the reduction of the race partials. A maximum's first index is the smallest
-index among the runs that reach the maximum, and the runs are whole blocks in token order, so every token
-and error code is bit-identical to ``S = 1`` (the per-token arithmetic is unchanged, only where the
-argmax reductions meet). ``splits=None`` picks ``S`` from the device's multiprocessor count
-(:func:`split_count`): 1 on the CPU and whenever ``B`` rows already fill the GPU.
+``bench/results/engine_bench_h200*.json``). With ``splits = S > 1`` each row's vocabulary is cut into
+runs of ``ceil(blocks / S)`` whole ``BLOCK_V`` blocks (so at most ``S`` runs: ``ceil(blocks / ceil(blocks /
+S))``) and three kernels do the same two passes: per run the pass-1 partials (maximum, its first index, the
+counts); per run the race over the run, against the row's maximum reduced from those partials; per row the
+reduction of the race partials. A maximum's first index is the smallest index among the runs that reach the
+maximum, and the runs are whole blocks in token order, so every token and error code is bit-identical to one
+run (the per-token arithmetic is unchanged, only where the argmax reductions meet). One run is one kernel, one
+program per row (:func:`~gpu_engine.sample.fused_sample_kernels._sample_row`). ``splits=None`` picks ``S``
+from the device's multiprocessor count (:func:`split_count`): 1 on the CPU and whenever ``B`` rows already
+fill the GPU. Measured on the H200 (``bench/sample_bench.py``, ``bench/results/session26_split/``): at B = 1
+62.6 -> 6.6 us per call for SmolLM2's vocabulary, 188 -> 8.0 us for Qwen3's; at B = 64 63.5 -> 36.4 us.
 
 Top-k / top-p / min-p (a sort) and penalties stay on the torch path. Runs on CUDA, or on the CPU
 under ``TRITON_INTERPRET=1`` (tests/gpu_engine/test_fused_sample.py).
@@ -55,7 +58,7 @@ BLOCK_V = 2048
 def _kernels():
     from gpu_engine.sample import fused_sample_kernels as k  # imports Triton
 
-    return k._run_stats, k._run_race, k._row_result
+    return k._sample_row, k._run_stats, k._run_race, k._row_result
 
 
 @functools.cache
@@ -67,10 +70,11 @@ def split_count(b: int, v: int, device: torch.device) -> int:
     """Runs per row (``splits``) :func:`sample_fused` uses by default for ``b`` rows of ``v`` logits.
 
     About as many programs as the device has multiprocessors: ``min(blocks, SMs // b)`` runs, at least 1, rounded
-    to whole ``BLOCK_V`` blocks per run (``blocks = ceil(v / BLOCK_V)``). 1 off CUDA. On the H200 (132 SMs):
+    to whole ``BLOCK_V`` blocks per run (``blocks = ceil(v / BLOCK_V)``). 1 off CUDA, for ``b <= 0`` and for one
+    block. On the H200 (132 SMs):
     SmolLM2 (``v`` = 49,152, 24 blocks) 24 runs at ``b`` = 1, 4 at 32, 2 at 64, 1 from 67 rows up.
     """
-    if device.type != "cuda" or b <= 0:
+    if device.type != "cuda" or b <= 0 or v <= BLOCK_V:
         return 1
     blocks = -(-v // BLOCK_V)
     want = max(1, min(blocks, _multiprocessors(device.index if device.index is not None else
@@ -106,9 +110,8 @@ def sample_fused(
             is given).
         purpose: a :class:`~gpu_engine.sample.rng.Purpose`, or ``[B]`` int64 of them.
         out: optional ``(tokens [B] int64, errors [B] int32 or int64)`` to write into.
-        splits: runs of whole ``BLOCK_V`` blocks per row (module docstring, "Split rows"); ``None`` =
-            :func:`split_count`. More runs than blocks are cut to one block each. The result does not depend
-            on it.
+        splits: the most runs of whole ``BLOCK_V`` blocks per row (module docstring, "Split rows"); ``None``
+            = :func:`split_count`; 1 = one program per row. The result does not depend on it.
 
     Returns:
         ``(tokens [B] int64 (-1 on error rows), errors [B])`` with the codes of
@@ -116,7 +119,8 @@ def sample_fused(
 
     Raises:
         ValueError: a shape, dtype, stride or device the kernel does not handle (every per-row tensor
-            must be a contiguous ``[B]`` of the dtype above, on the logits' device; ``V >= 1``; ``splits >= 1``).
+            must be a contiguous ``[B]`` of the dtype above, on the logits' device; ``V >= 1``; ``splits`` an
+            int ``>= 1`` or None).
     """
     if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(-1) != 1:
         raise ValueError(f"sample_fused needs [B, V > 0] logits with unit stride along V, got {tuple(logits.shape)} "
@@ -142,32 +146,39 @@ def sample_fused(
         if t.shape != (b,) or t.dtype not in dtypes or (b > 1 and t.stride(0) != 1) or t.device != dev:
             raise ValueError(f"sample_fused {name} must be a contiguous [{b}] {' / '.join(map(str, dtypes))} tensor "
                              f"on {dev}, got {tuple(t.shape)} {t.dtype} strides {t.stride()} on {t.device}")
-    if splits is not None and int(splits) < 1:
-        raise ValueError(f"sample_fused splits must be >= 1, got {splits}")
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"sample_fused splits must be an int >= 1 or None, got {splits!r}")
     if b == 0:
         return tok, err
     blocks = -(-v // BLOCK_V)
-    want = split_count(b, v, dev) if splits is None else min(int(splits), blocks)
+    want = split_count(b, v, dev) if splits is None else min(splits, blocks)
     per_run = -(-blocks // want)
     runs = -(-blocks // per_run)  # every run has a block
     per_row = isinstance(purpose, torch.Tensor)
     dummy = tok  # any device tensor for pointers a variant never reads
+    one, stats, race, result = _kernels()
+    masked, has_enabled = words is not None, enabled is not None
+    w_arg = words if masked else dummy
+    e_arg = enabled if has_enabled else dummy
+    p_arg = purpose if per_row else dummy
+    w_stride = words.stride(0) if masked else 0
+    pur = 0 if per_row else int(purpose)
+    if runs == 1:  # one program per row, both passes
+        one[(b,)](logits, w_arg, e_arg, temperature, seed, positions, p_arg, tok, err, v, logits.stride(0), w_stride,
+                  pur, blocks, MASKED=masked, HAS_ENABLED=has_enabled, PURPOSE_PER_ROW=per_row, BLOCK=BLOCK_V,
+                  num_warps=8)
+        return tok, err
     n = b * runs
     # partials of the runs: float32 [2, n] (pass-1 maximum, race maximum), int64 [5, n] (the maximum's first
     # index, NaN/+inf seen, legal count, finite legal count, the race's first index); from the graph pool
     # when captured
     pf = torch.empty((2, n), dtype=torch.float32, device=dev)
     pi = torch.empty((5, n), dtype=torch.int64, device=dev)
-    stats, race, result = _kernels()
-    masked, has_enabled = words is not None, enabled is not None
-    w_arg = words if masked else dummy
-    e_arg = enabled if has_enabled else dummy
-    w_stride = words.stride(0) if masked else 0
     s_pow2 = 1 << (runs - 1).bit_length()
     stats[(b, runs)](logits, w_arg, e_arg, pf, pi, v, logits.stride(0), w_stride, runs, per_run, n,
                      MASKED=masked, HAS_ENABLED=has_enabled, BLOCK=BLOCK_V, num_warps=8)
-    race[(b, runs)](logits, w_arg, e_arg, temperature, seed, positions, purpose if per_row else dummy, pf, pi,
-                    v, logits.stride(0), w_stride, 0 if per_row else int(purpose), runs, per_run, n,
+    race[(b, runs)](logits, w_arg, e_arg, temperature, seed, positions, p_arg, pf, pi,
+                    v, logits.stride(0), w_stride, pur, runs, per_run, n,
                     MASKED=masked, HAS_ENABLED=has_enabled, PURPOSE_PER_ROW=per_row, BLOCK=BLOCK_V,
                     S_POW2=s_pow2, num_warps=8)
     result[(b,)](pf, pi, temperature, tok, err, runs, n, S_POW2=s_pow2, num_warps=1)

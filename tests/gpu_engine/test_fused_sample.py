@@ -1,4 +1,4 @@
-"""The one-kernel sampler (:func:`gpu_engine.sample.fused_sample.sample_fused`) draws the same tokens
+"""The fused sampler (:func:`gpu_engine.sample.fused_sample.sample_fused`) draws the same tokens
 and reports the same errors as the torch reference :func:`gpu_engine.sample.sampler.sample`.
 
 On the CPU the kernel runs under ``TRITON_INTERPRET=1`` in a subprocess (the interpreter is chosen
@@ -203,6 +203,8 @@ def test_malformed_inputs_are_refused_before_launch():
         dict(logits=torch.randn(v, b).t()),                            # not unit stride along V
         dict(logits=torch.randn(b, 2, v)),
         dict(splits=0),
+        dict(splits=2.5),                                              # not an int
+        dict(splits=True),
     ]
     for kw in bad:
         args = dict(logits=logits, temperature=temp, seed=seed, positions=pos)
@@ -222,7 +224,7 @@ def test_split_count_fills_the_multiprocessors_with_whole_blocks(monkeypatch):
     assert [split_count(b, 49152, cuda) for b in (1, 5, 32, 64, 66, 67, 128)] == [24, 24, 4, 2, 2, 1, 1]
     assert split_count(1, 151936, cuda) == 75                 # 75 blocks, the last one partial
     assert split_count(2, 151936, cuda) == 38                 # 66 wanted: 2 blocks per run, 38 runs
-    assert split_count(1, 100, cuda) == 1 and split_count(0, 49152, cuda) == 1
+    assert split_count(1, 100, cuda) == 1 and split_count(0, 49152, cuda) == 1 and split_count(1, 0, cuda) == 1
     assert split_count(1, 49152, torch.device("cpu")) == 1
 
 
