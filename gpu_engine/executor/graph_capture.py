@@ -10,7 +10,7 @@ A decode step is two captured phases with the mask upload between them:
   :func:`gpu_engine.sample.sampler.sample` -> tokens and error codes into ``[2, L]`` int64.
   Without top-k / top-p / min-p (``filters`` off) and with ``fused_sample``, the mask, temperature
   and draw are fused Triton kernels (:func:`gpu_engine.sample.fused_sample.sample_fused`, same
-  semantics: one per row, or three with rows split into runs at small batches) instead of ~25 torch kernels.
+  semantics; rows split into runs at small batches) instead of ~25 torch kernels.
 
 * **Speculative Forward** graph per ``(batch bucket, context bucket)`` at the fixed width
   ``T = K_ring + 1`` (only with ``spec_graphs``): static ``[L, T]`` ids (``[last token] + drafts``,

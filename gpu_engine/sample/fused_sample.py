@@ -30,8 +30,13 @@ S))``) and three kernels do the same two passes: per run the pass-1 partials (ma
 counts); per run the race over the run, against the row's maximum reduced from those partials; per row the
 reduction of the race partials. A maximum's first index is the smallest index among the runs that reach the
 maximum, and the runs are whole blocks in token order, so every token and error code is bit-identical to one
-run (the per-token arithmetic is unchanged, only where the argmax reductions meet). One run is one kernel, one
-program per row (:func:`~gpu_engine.sample.fused_sample_kernels._sample_row`). ``splits=None`` picks ``S``
+run (the per-token arithmetic is unchanged, only where the argmax reductions meet). One run (``S = 1``, B >
+SMs / 2 by default) takes the same three kernels with one program per row each; through the engine its Finish
+measured as the single kernel before the split did (B = 1, ``engine_bench --finish fused-one``: 0.096-0.097 ms
+event time against 0.094 ms in the ``2677545`` table, ``bench/results/engine_bench_h200.json``). A lane past ``V`` (the last run
+can hold a whole block past ``V`` when the runs do not divide the blocks) scores 0 in the race, like the
+padding of the last block before the split; it never wins, because a row without an error has a legal
+token scoring ``1 / E > 0``. ``splits=None`` picks ``S``
 from the device's multiprocessor count (:func:`split_count`): 1 on the CPU and whenever ``B`` rows already
 fill the GPU. Measured on the H200 (``bench/sample_bench.py``, ``bench/results/session26_split/``): at B = 1
 62.6 -> 6.6 us per call for SmolLM2's vocabulary, 188 -> 8.0 us for Qwen3's; at B = 64 63.5 -> 36.4 us.
@@ -58,7 +63,7 @@ BLOCK_V = 2048
 def _kernels():
     from gpu_engine.sample import fused_sample_kernels as k  # imports Triton
 
-    return k._sample_row, k._run_stats, k._run_race, k._row_result
+    return k._run_stats, k._run_race, k._row_result
 
 
 @functools.cache
@@ -156,18 +161,13 @@ def sample_fused(
     runs = -(-blocks // per_run)  # every run has a block
     per_row = isinstance(purpose, torch.Tensor)
     dummy = tok  # any device tensor for pointers a variant never reads
-    one, stats, race, result = _kernels()
+    stats, race, result = _kernels()
     masked, has_enabled = words is not None, enabled is not None
     w_arg = words if masked else dummy
     e_arg = enabled if has_enabled else dummy
     p_arg = purpose if per_row else dummy
     w_stride = words.stride(0) if masked else 0
     pur = 0 if per_row else int(purpose)
-    if runs == 1:  # one program per row, both passes
-        one[(b,)](logits, w_arg, e_arg, temperature, seed, positions, p_arg, tok, err, v, logits.stride(0), w_stride,
-                  pur, blocks, MASKED=masked, HAS_ENABLED=has_enabled, PURPOSE_PER_ROW=per_row, BLOCK=BLOCK_V,
-                  num_warps=8)
-        return tok, err
     n = b * runs
     # partials of the runs: float32 [2, n] (pass-1 maximum, race maximum), int64 [5, n] (the maximum's first
     # index, NaN/+inf seen, legal count, finite legal count, the race's first index); from the graph pool
