@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"x{rec['speedup']:.2f}", flush=True)
                 del graphs
             torch.cuda.empty_cache()
-    out = results_path("sample_bench", "cuda", a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("sample_bench", "cuda", a.out)  # its folder created
     out.write_text(json.dumps(dict(header=run_header("cuda", calls=a.calls, repeats=a.repeats), rows=rows), indent=1))
     print(f"results: {out}")
     try:

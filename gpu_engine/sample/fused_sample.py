@@ -84,8 +84,13 @@ def split_count(b: int, v: int, device: torch.device) -> int:
     blocks = -(-v // BLOCK_V)
     want = max(1, min(blocks, _multiprocessors(device.index if device.index is not None else
                                                torch.cuda.current_device()) // b))
-    per_run = -(-blocks // want)
-    return -(-blocks // per_run)
+    return _runs(blocks, want)[1]
+
+
+def _runs(blocks: int, most: int) -> tuple[int, int]:
+    """``(blocks per run, runs)`` cutting ``blocks`` into at most ``most`` runs of whole blocks, every run with one."""
+    per_run = -(-blocks // most)
+    return per_run, -(-blocks // per_run)
 
 
 def sample_fused(
@@ -157,8 +162,7 @@ def sample_fused(
         return tok, err
     blocks = -(-v // BLOCK_V)
     want = split_count(b, v, dev) if splits is None else min(splits, blocks)
-    per_run = -(-blocks // want)
-    runs = -(-blocks // per_run)  # every run has a block
+    per_run, runs = _runs(blocks, want)
     per_row = isinstance(purpose, torch.Tensor)
     dummy = tok  # any device tensor for pointers a variant never reads
     stats, race, result = _kernels()
