@@ -65,12 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "step socket (default; gRPC when the sidecar has none) or the gRPC Step RPC. Same "
                          "protobuf messages; the socket saves gRPC's thread hand-offs on every constrained step")
     ap.add_argument("--cpu-threads", type=int, default=0,
-                    help="torch intra-op threads of a CPU engine (0 = auto: one core left for the constraint "
-                         "sidecar and the RPC threads, i.e. max(1, cores - 1), at most torch's default)")
+                    help="torch intra-op threads of a CPU engine's decode forwards (0 = auto: every core it may "
+                         "use, at most torch's default)")
     ap.add_argument("--cpu-prefill-threads", type=int, default=0,
                     help="torch intra-op threads of a CPU engine's prefill forwards (0 = auto: every core, at most "
-                         "torch's default; prefill is a few large GEMMs, decode many small ops that keep one core "
-                         "free)")
+                         "torch's default)")
     ap.add_argument("--prefill-token-budget", type=int, default=4096,
                     help="prompt tokens per batched prefill forward (rows admitted together share it)")
     ap.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto")
@@ -133,16 +132,54 @@ def cpu_prefill_threads(requested: int = 0) -> int:
 
 
 def cpu_threads(requested: int = 0) -> int:
-    """Intra-op threads for a CPU engine: ``requested`` if > 0, else ``max(1, cores - 1)`` capped at torch's
-    default. Why one core is left: the engine's forward runs in parallel regions whose threads wait for each
-    other at every op, while on the same cores the sidecar fills masks (overlapped with the forward, by
-    design) and the RPC threads stream tokens; a forward thread preempted by them stalls the whole region.
-    ``cores`` = CPUs this process may run on (``os.sched_getaffinity``)."""
+    """Intra-op threads for a CPU engine's decode forwards: ``requested`` if > 0, else every core this process
+    may run on (``os.sched_getaffinity``), capped at torch's default.
+
+    Every core, not one left for the constraint sidecar: a decode step's mask work is well under 1 ms
+    beside a CPU forward of tens of ms, so a forward thread it preempts costs little. On this project's
+    2-core box (SmolLM2, ``bench/cpu_bench.py``, B = 1 and 8, 2 repeats,
+    ``bench/results/cpu_threads_20261204_{1t,2t}_cpu.json``) 2 threads gave 1.57x the tokens/s of 1 at
+    B = 1 and 1.76x at B = 8 unconstrained, 1.6-1.7x for JSON Schema and regex rows. (The earlier "one core left" default was measured while libgomp's
+    workers slept between regions, see :func:`off_main_thread`, which made 2 threads look no faster.)
+    """
     import torch
 
     if requested > 0:
         return requested
-    return max(1, min(torch.get_num_threads(), _cores() - 1))
+    return max(1, min(torch.get_num_threads(), _cores()))
+
+
+def off_main_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` run on a new thread that ends before this returns; its result, or its exception
+    re-raised here. :func:`build_stack` loads a CPU model this way.
+
+    Why: torch's OpenMP runtime (libgomp) gives every thread that runs a parallel region a pool of worker
+    threads that lives as long as that thread. While the process holds more such workers than it has CPUs,
+    libgomp's workers stop spinning between regions (its throttled spin count, 100 spins instead of
+    ~3 ms) and sleep on a futex, so each of a decode forward's ~300 short parallel regions waits for them to
+    wake. Loading the model on the main thread left a pool there for the life of the process: on this
+    project's 2-core box the engine thread's SmolLM2 decode step then took 46.6 ms at B = 1 and 84.8 ms at
+    B = 8 on 2 threads, against 29.8 and 69.5 ms with the load off the main thread
+    (``bench/omp_pool_bench.py``, ``bench/results/omp_pool_bench_20261204_cpu.json``). A thread's pool is
+    freed when the thread exits. Only for work that starts no child process: a child
+    using ``PR_SET_PDEATHSIG`` (the constraint sidecar does) dies with the thread that started it.
+    """
+    import threading
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="ninfer-load")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def build_stack(args: argparse.Namespace):
@@ -154,7 +191,7 @@ def build_stack(args: argparse.Namespace):
     from gpu_engine.engine.loop import Engine, ring_geometry
     from gpu_engine.frontend.prompt import Frontend
     from gpu_engine.hub.fetch import ensure_model
-    from gpu_engine.model.loader import load_model
+    from gpu_engine.model.loader import load_model, resolve_device
     from gpu_engine.sidecar.client import Sidecar
     from gpu_engine.sidecar.supervisor import SidecarSupervisor
 
@@ -162,8 +199,11 @@ def build_stack(args: argparse.Namespace):
 
     path = args.model if args.model in PRESETS else ensure_model(args.model)  # presets: random weights
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    loaded = load_model(str(path), device=args.device, dtype=dtype, max_lanes=args.max_lanes,
-                        max_seq_len=args.max_seq_len)
+    load = dict(device=args.device, dtype=dtype, max_lanes=args.max_lanes, max_seq_len=args.max_seq_len)
+    if resolve_device(args.device).type == "cpu":  # no OpenMP pool left on this thread (see off_main_thread)
+        loaded = off_main_thread(load_model, str(path), **load)
+    else:
+        loaded = load_model(str(path), **load)
     loaded.model.set_attention(args.attention)  # before the executor captures its CUDA graphs
     prefill_threads = 0
     if loaded.model.device.type == "cpu":
