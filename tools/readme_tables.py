@@ -109,15 +109,21 @@ def spec_table(doc: dict) -> str:
 
 
 def cpu_table(doc: dict) -> str:
+    """bench/cpu_bench.py's summary: one row per (B, kind); one ratio column per extra ``transformers`` baseline
+    that ran (``ratio_vs_transformers_1t``: 1 thread, ``_bf16``: bfloat16, ...)."""
     meta = doc.get("meta", {})
-    one = any("ratio_vs_transformers_1t" in s for s in doc.get("summary", []))  # a 1-thread baseline ran
+    summary = doc.get("summary", [])
+    extra = sorted({k[len("ratio_vs_transformers_"):] for s in summary for k in s
+                    if k.startswith("ratio_vs_transformers_") and not k.endswith("_spread")})
+    label = {"1t": "1 thread"}
     out = [_provenance(meta), "", "| B | kind | tok/s | vs unconstrained | vs transformers (per repeat) | "
-           + "vs transformers 1 thread | " * one + "load avg |", "|---:|---|---:|---:|---:|" + "---:|" * one + "---:|"]
-    for s in doc.get("summary", []):
+           + "".join(f"vs transformers {label.get(e, e)} | " for e in extra) + "load avg |",
+           "|---:|---|---:|---:|---:|" + "---:|" * len(extra) + "---:|"]
+    for s in summary:
         out.append(f"| {s['batch']} | {s['kind']} | {_spread(s, 'tokens_per_s', '{:,.1f}')} | "
                    f"{_num(s.get('ratio_vs_unconstrained'), '{:.2f}')} | "
                    f"{_spread(s, 'ratio_vs_transformers', '{:.2f}')} | "
-                   + (f"{_spread(s, 'ratio_vs_transformers_1t', '{:.2f}')} | " if one else "")
+                   + "".join(f"{_spread(s, 'ratio_vs_transformers_' + e, '{:.2f}')} | " for e in extra)
                    + f"{_num(s.get('loadavg_1min_median'), '{:.1f}')} |")
     return "\n".join(out)
 
