@@ -281,7 +281,7 @@ def main() -> int:
                     help="engine variants to run (default: all)")
     ap.add_argument("--hf-threads", type=int, nargs="+", default=[0],
                     help="transformers baseline variants by torch intra-op threads (0 = torch's default; "
-                         "e.g. 0 1 adds a one-thread row, the engine's --cpu-threads auto on 2 cores)")
+                         "e.g. 0 1 adds a one-thread row)")
     ap.add_argument("--hf-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
                     help="transformers baseline variants by weight dtype (float32 = a plain load of the GGUF; "
                          "bfloat16 is the fair row for an engine run with --engine-args --dtype bfloat16)")

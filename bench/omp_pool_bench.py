@@ -51,7 +51,9 @@ print(json.dumps(out))
 def _arm(load_off: bool, threads: int, batches: list[int], steps: int) -> dict[int, float]:
     code = _CHILD.format(root=str(ROOT), bench=str(ROOT / "bench"), lanes=max(batches), off=load_off,
                          threads=threads, batches=batches, steps=steps)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=900)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"arm load_off_main={load_off} threads={threads} failed:\n{out.stderr}")
     return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 

@@ -70,3 +70,22 @@ def test_forward_table_shows_the_cublas_arm_only_when_measured() -> None:
         assert len({line.count("|") for line in rows}) == 1, table
     qwen1 = next(r for r in new["rows"] if r["model"] == "qwen3-0.6b-random" and r["batch"] == 1)
     assert f"{qwen1['triton_cublas']['step_ms']['median']:.2f}" in t_new
+
+
+def test_cpu_table_adds_one_column_per_extra_transformers_baseline() -> None:
+    """``ratio_vs_transformers_<variant>`` keys (cpu_bench's ``--hf-threads`` / ``--hf-dtypes`` rows) each get a
+    column in every row, named after the variant; without them the table has none."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_tables
+
+    def row(kind, **ratios):
+        return dict(batch=8, kind=kind, tokens_per_s=10.0, ratio_vs_unconstrained=1.0, ratio_vs_transformers=0.5,
+                    loadavg_1min_median=1.0, **ratios)
+
+    doc = {"meta": {"date": "d"}, "summary": [row("unconstrained", ratio_vs_transformers_bf16=0.25,
+                                                  ratio_vs_transformers_1t=0.75)]}
+    lines = readme_tables.cpu_table(doc).splitlines()
+    assert lines[2].endswith("| vs transformers (per repeat) | vs transformers 1 thread | vs transformers bf16 | load avg |")
+    assert lines[-1].endswith("| 0.50 | 0.75 | 0.25 | 1.0 |")
+    plain = readme_tables.cpu_table({"meta": {}, "summary": [row("unconstrained")]}).splitlines()
+    assert plain[2].endswith("| vs transformers (per repeat) | load avg |") and plain[-1].endswith("| 0.50 | 1.0 |")

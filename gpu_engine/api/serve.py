@@ -135,12 +135,13 @@ def cpu_threads(requested: int = 0) -> int:
     """Intra-op threads for a CPU engine's decode forwards: ``requested`` if > 0, else every core this process
     may run on (``os.sched_getaffinity``), capped at torch's default.
 
-    Every core, not one left for the constraint sidecar: a decode step's mask work is well under 1 ms
-    beside a CPU forward of tens of ms, so a forward thread it preempts costs little. On this project's
-    2-core box (SmolLM2, ``bench/cpu_bench.py``, B = 1 and 8, 2 repeats,
+    Every core, not one left for the constraint sidecar: the sidecar's Step work is ~1.6 ms even for 64
+    rows on this project's 2-core box (``bench/results/step_fill_bench_20261204_cpu.json``) and a CPU engine
+    runs at most a few rows beside a forward of 30-80 ms, so a forward thread it preempts costs little. On
+    that box (SmolLM2, ``bench/cpu_bench.py``, B = 1 and 8, 2 repeats,
     ``bench/results/cpu_threads_20261204_{1t,2t}_cpu.json``) 2 threads gave 1.57x the tokens/s of 1 at
-    B = 1 and 1.76x at B = 8 unconstrained, 1.6-1.7x for JSON Schema and regex rows. (The earlier "one core left" default was measured while libgomp's
-    workers slept between regions, see :func:`off_main_thread`, which made 2 threads look no faster.)
+    B = 1 and 1.76x at B = 8 unconstrained, 1.6-1.7x for JSON Schema and regex rows. With the model loaded
+    on the main thread (see :func:`off_main_thread`) 2 threads were no faster than 1 at B = 1.
     """
     import torch
 
@@ -155,9 +156,9 @@ def off_main_thread(fn, *args, **kwargs):
 
     Why: torch's OpenMP runtime (libgomp) gives every thread that runs a parallel region a pool of worker
     threads that lives as long as that thread. While the process holds more such workers than it has CPUs,
-    libgomp's workers stop spinning between regions (its throttled spin count, 100 spins instead of
-    ~3 ms) and sleep on a futex, so each of a decode forward's ~300 short parallel regions waits for them to
-    wake. Loading the model on the main thread left a pool there for the life of the process: on this
+    libgomp's workers stop spinning between regions (libgomp ``env.c``: a throttled spin count of 100
+    instead of 300,000, "~3 ms") and sleep on a futex, so each of a decode forward's many short parallel
+    regions waits for them to wake. Loading the model on the main thread left a pool there for the life of the process: on this
     project's 2-core box the engine thread's SmolLM2 decode step then took 46.6 ms at B = 1 and 84.8 ms at
     B = 8 on 2 threads, against 29.8 and 69.5 ms with the load off the main thread
     (``bench/omp_pool_bench.py``, ``bench/results/omp_pool_bench_20261204_cpu.json``). A thread's pool is

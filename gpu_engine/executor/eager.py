@@ -64,7 +64,8 @@ class Program:
     prefill_token_budget: int = PREFILL_TOKEN_BUDGET  # padded tokens per batched prefill forward
     # CPU: torch intra-op threads for prefill forwards (0 = the process's setting, which serves decode;
     # gpu_engine.api.serve.cpu_threads). Both default to every core; kept apart so either can be tuned.
-    # SmolLM2, 8 prompts x 45 tokens, this project's 2-core box: 1.0-1.1 s on 1 thread, 0.54-0.63 s on 2.
+    # SmolLM2, 8 prompts x 45 tokens, this project's 2-core box (then an AMD EPYC, before b4f87aa's OpenMP
+    # pool fix): 1.0-1.1 s on 1 thread, 0.54-0.63 s on 2.
     prefill_threads: int = 0
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device) -> None:

@@ -44,8 +44,11 @@ class Stack:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 600.0) -> None:
+        # `make test` runs 2 pytest workers, each with its stacks, on CI's 2 cores: one decode thread per
+        # CPU engine (its default is every core, whose OpenMP workers spin between regions)
+        threads = ["--cpu-threads", "1"] if E2E_DEVICE == "cpu" and "--cpu-threads" not in self.extra else []
         cmd = [sys.executable, "-m", "gpu_engine", "--port", str(self.port), "--device", E2E_DEVICE,
-               "--max-lanes", "8", "--max-seq-len", "1024", "--log-level", "WARNING", *self.extra]
+               "--max-lanes", "8", "--max-seq-len", "1024", "--log-level", "WARNING", *threads, *self.extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         ready = threading.Event()

@@ -116,6 +116,30 @@ def test_build_stack_loads_a_cpu_model_off_the_main_thread(monkeypatch) -> None:
     assert thread is not threading.main_thread() and not thread.is_alive()
 
 
+def test_build_stack_loads_a_cuda_model_on_the_calling_thread(monkeypatch) -> None:
+    """Only CPU loads move: a CUDA model is loaded (and later captured in graphs) on the thread that builds
+    the stack, as before."""
+    import threading
+
+    import gpu_engine.model.loader as loader
+    from gpu_engine.api.serve import build_stack
+
+    threads = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(path, **kw):
+        threads.append(threading.current_thread())
+        raise Stop
+
+    monkeypatch.setattr(loader, "load_model", fake_load)
+    monkeypatch.setattr(loader, "resolve_device", lambda device="auto": torch.device("cuda"))
+    with pytest.raises(Stop):
+        build_stack(build_parser().parse_args(["--device", "cuda", "--model", "smollm2-135m-random"]))
+    assert threads == [threading.current_thread()]
+
+
 _POOL_PROBE = """
 import os, sys, torch
 from gpu_engine.api.serve import off_main_thread
@@ -139,8 +163,9 @@ print(base, after_scratch, after_main)
 """
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs Linux /proc and 2 CPUs")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2
+                    or "OpenMP" not in torch.__config__.parallel_info() or "x86" not in os.uname().machine,
+                    reason="needs Linux /proc, 2 CPUs and an x86 torch on OpenMP (whose BLAS threads are OpenMP's)")
 def test_a_parallel_region_leaves_worker_threads_on_its_thread_and_off_main_thread_takes_them_away() -> None:
     """The reason off_main_thread exists, checked on this torch build: a 2-thread matrix product on the
     main thread leaves OpenMP worker threads behind for the life of the process; the same product on
