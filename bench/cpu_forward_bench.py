@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench_common import results_path, run_header, spread  # noqa: E402
+from bench_common import fmt_spread, results_path, run_header, spread  # noqa: E402
 
 MM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkl::_mkl_linear")
 
@@ -143,12 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'dtype':>9} {'B':>3} {'ms/step median [min-max]':>28} {'matrix products':>16}")
     for r in res["step_ms"]:
         s = r["ms"]
-        print(f"{r['dtype']:>9} {r['batch']:>3} {s['median']:>14.1f} [{s['min']:.1f}-{s['max']:.1f}] "
+        print(f"{r['dtype']:>9} {r['batch']:>3} {fmt_spread(s, '{:.1f}'):>28} "
               f"{100 * r['mm_share']:>15.0f}%")
     print(f"\nfloat32 layer projections (120 products), ms per pass:")
     for r in res["gemm_ms"]:
         s = r["ms"]
-        print(f"{r['form']:>11} B={r['batch']:<3} {s['median']:>7.1f} [{s['min']:.1f}-{s['max']:.1f}]"
+        print(f"{r['form']:>11} B={r['batch']:<3} {fmt_spread(s, '{:.1f}'):>20}"
               f"  extra weight memory {r['extra_weight_bytes'] / 2**20:.0f} MiB")
     out = results_path("cpu_forward_bench", "cpu", args.out)
     out.write_text(json.dumps(res, indent=1))

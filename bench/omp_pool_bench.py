@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_common import results_path, run_header, spread  # noqa: E402
+from bench_common import fmt_spread, results_path, run_header, spread  # noqa: E402
 
 _CHILD = """
 import json, sys, threading, torch
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             a, o = spread(ms[("main", n, b)]), spread(ms[("off_main", n, b)])
             res["rows"].append(dict(threads=n, batch=b, load_main_ms=a, load_off_main_ms=o,
                                     ratio=a["median"] / o["median"]))
-            print(f"{n:>7} {b:>3} {a['median']:>12.1f} [{a['min']:.1f}-{a['max']:.1f}] "
-                  f"{o['median']:>10.1f} [{o['min']:.1f}-{o['max']:.1f}] {a['median'] / o['median']:>10.2f}")
+            print(f"{n:>7} {b:>3} {fmt_spread(a, '{:.1f}'):>26} {fmt_spread(o, '{:.1f}'):>22} "
+                  f"{a['median'] / o['median']:>10.2f}")
     out = results_path("omp_pool_bench", "cpu", args.out)
     out.write_text(json.dumps(res, indent=1))
     print(f"wrote {out}")

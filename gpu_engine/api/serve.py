@@ -158,12 +158,12 @@ def off_main_thread(fn, *args, **kwargs):
     threads that lives as long as that thread. While the process holds more such workers than it has CPUs,
     libgomp's workers stop spinning between regions (libgomp ``env.c``: a throttled spin count of 100
     instead of 300,000, "~3 ms") and sleep on a futex, so each of a decode forward's many short parallel
-    regions waits for them to wake. Loading the model on the main thread left a pool there for the life of the process: on this
-    project's 2-core box the engine thread's SmolLM2 decode step then took 46.6 ms at B = 1 and 84.8 ms at
-    B = 8 on 2 threads, against 29.8 and 69.5 ms with the load off the main thread
+    regions waits for them to wake. Loading the model on the main thread left a pool there for the life of
+    the process: on this project's 2-core box the engine thread's SmolLM2 decode step then took 46.6 ms at
+    B = 1 and 84.8 ms at B = 8 on 2 threads, against 29.8 and 69.5 ms with the load off the main thread
     (``bench/omp_pool_bench.py``, ``bench/results/omp_pool_bench_20261204_cpu.json``). A thread's pool is
-    freed when the thread exits. Only for work that starts no child process: a child
-    using ``PR_SET_PDEATHSIG`` (the constraint sidecar does) dies with the thread that started it.
+    freed when the thread exits. Only for work that starts no child process: a child using
+    ``PR_SET_PDEATHSIG`` (the constraint sidecar does) dies with the thread that started it.
     """
     import threading
 

@@ -89,9 +89,9 @@ def test_off_main_thread_returns_the_result_or_raises_from_another_thread() -> N
         off_main_thread(lambda: {}["missing"])
 
 
-def test_build_stack_loads_a_cpu_model_off_the_main_thread(monkeypatch) -> None:
-    """The load runs on a thread that has ended when build_stack goes on (so no OpenMP pool is left on the
-    thread that keeps running); the arguments reach load_model unchanged."""
+def _build_stack_load(monkeypatch, argv: list[str]) -> tuple:
+    """``(path, kwargs, thread)`` of the one ``load_model`` call :func:`build_stack` makes for ``argv``
+    (the fake load stops the build right there)."""
     import threading
 
     import gpu_engine.model.loader as loader
@@ -107,11 +107,19 @@ def test_build_stack_loads_a_cpu_model_off_the_main_thread(monkeypatch) -> None:
         raise Stop
 
     monkeypatch.setattr(loader, "load_model", fake_load)
-    args = build_parser().parse_args(["--device", "cpu", "--model", "smollm2-135m-random", "--max-lanes", "3",
-                                      "--max-seq-len", "96"])
     with pytest.raises(Stop):
-        build_stack(args)
-    (path, kw, thread), = calls
+        build_stack(build_parser().parse_args(argv))
+    (call,) = calls
+    return call
+
+
+def test_build_stack_loads_a_cpu_model_off_the_main_thread(monkeypatch) -> None:
+    """The load runs on a thread that has ended when build_stack goes on (so no OpenMP pool is left on the
+    thread that keeps running); the arguments reach load_model unchanged."""
+    import threading
+
+    path, kw, thread = _build_stack_load(monkeypatch, ["--device", "cpu", "--model", "smollm2-135m-random",
+                                                       "--max-lanes", "3", "--max-seq-len", "96"])
     assert path == "smollm2-135m-random" and kw == dict(device="cpu", dtype=None, max_lanes=3, max_seq_len=96)
     assert thread is not threading.main_thread() and not thread.is_alive()
 
@@ -122,22 +130,10 @@ def test_build_stack_loads_a_cuda_model_on_the_calling_thread(monkeypatch) -> No
     import threading
 
     import gpu_engine.model.loader as loader
-    from gpu_engine.api.serve import build_stack
 
-    threads = []
-
-    class Stop(Exception):
-        pass
-
-    def fake_load(path, **kw):
-        threads.append(threading.current_thread())
-        raise Stop
-
-    monkeypatch.setattr(loader, "load_model", fake_load)
     monkeypatch.setattr(loader, "resolve_device", lambda device="auto": torch.device("cuda"))
-    with pytest.raises(Stop):
-        build_stack(build_parser().parse_args(["--device", "cuda", "--model", "smollm2-135m-random"]))
-    assert threads == [threading.current_thread()]
+    _, _, thread = _build_stack_load(monkeypatch, ["--device", "cuda", "--model", "smollm2-135m-random"])
+    assert thread is threading.current_thread()
 
 
 _POOL_PROBE = """
