@@ -2,6 +2,7 @@
 
 * :func:`run_header` — date, device, command line and git revision stamped into every results JSON.
 * :func:`results_path` — default ``bench/results/<name>_<date>_<device>.json``.
+* :func:`with_deadline` — a call on a daemon thread with a deadline (compiles xgrammar cannot cancel).
 * :func:`spread` — median / min / max / n of repeated figures (every headline number is a median over
   >= 3 repeats, printed with its spread).
 * :func:`jsb_sample` — a deterministic JSONSchemaBench sample (round-robin across subsets) of schemas
@@ -25,6 +26,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -87,6 +89,32 @@ def results_path(name: str, device: str, out: Optional[str]) -> Path:
         p = RESULTS / f"{name}_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}_{device.split(':')[0]}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def with_deadline(fn, timeout_s: float) -> tuple[Any, float, Optional[str]]:
+    """``fn()`` on a daemon thread, waited for at most ``timeout_s`` seconds.
+
+    Returns:
+        ``(result, seconds, None)``; ``(None, seconds, "ExcType: message")`` when ``fn`` raised (message cut at
+        200 characters); ``(None, timeout_s, "timeout")`` past the deadline (the thread is left running: xgrammar
+        cannot cancel a compile).
+    """
+    box: dict = {}
+
+    def run():
+        t0 = time.perf_counter()
+        try:
+            box["r"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            box["e"] = f"{type(e).__name__}: {str(e)[:200]}"
+        box["t"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        return None, timeout_s, "timeout"
+    return box.get("r"), box["t"], box.get("e")
 
 
 def spread(values: Iterable[Optional[float]]) -> dict:

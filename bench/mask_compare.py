@@ -48,7 +48,6 @@ import json
 import os
 import platform
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +56,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import numpy as np  # noqa: E402
 
+from bench_common import with_deadline  # noqa: E402
 from mask_bench import (DEFAULT_MODEL, cpu_model, git_rev, load_records, pct,  # noqa: E402
                         sample_records, subset_of, summary)
 
@@ -66,24 +66,9 @@ TARGET_COMPILE_P50_MS = 20.0
 
 
 def _xgr_compile(gc, text: str, timeout_s: float):
-    """compile_json_schema in a daemon thread with a deadline: (compiled | None, seconds, error | None)."""
-    box: dict = {}
-
-    def run():
-        t0 = time.perf_counter()
-        try:
-            box["c"] = gc.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
-                                              strict_mode=False)
-        except Exception as e:  # noqa: BLE001 - recorded, the schema is skipped
-            box["e"] = f"{type(e).__name__}: {str(e)[:200]}"
-        box["t"] = time.perf_counter() - t0
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(timeout_s)
-    if th.is_alive():
-        return None, timeout_s, "timeout"
-    return box.get("c"), box["t"], box.get("e")
+    """compile_json_schema with a deadline: (compiled | None, seconds, error | None)."""
+    return with_deadline(lambda: gc.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
+                                                        strict_mode=False), timeout_s)
 
 
 def time_trajectory(xgr, compiled, traj: list[int], bm, budget_s: float = 0.0) -> tuple[list[int], int]:
