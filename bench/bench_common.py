@@ -3,6 +3,7 @@
 * :func:`run_header` — date, device, command line and git revision stamped into every results JSON.
 * :func:`results_path` — default ``bench/results/<name>_<date>_<device>.json``.
 * :func:`with_deadline` — a call on a daemon thread with a deadline (compiles xgrammar cannot cancel).
+* :func:`line_plot` — a PNG of a few lines (the plots beside the results JSON).
 * :func:`spread` — median / min / max / n of repeated figures (every headline number is a median over
   >= 3 repeats, printed with its spread).
 * :func:`jsb_sample` — a deterministic JSONSchemaBench sample (round-robin across subsets) of schemas
@@ -115,6 +116,28 @@ def with_deadline(fn, timeout_s: float) -> tuple[Any, float, Optional[str]]:
     if th.is_alive():
         return None, timeout_s, "timeout"
     return box.get("r"), box["t"], box.get("e")
+
+
+def line_plot(path: Path, series: dict[str, tuple[list, list]], xlabel: str, ylabel: str, title: str) -> None:
+    """One line per ``series`` entry (label -> (xs, ys)) saved as a PNG at ``path``; nothing without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def spread(values: Iterable[Optional[float]]) -> dict:

@@ -6,7 +6,9 @@ In one process: SmolLM2-135M-Instruct loaded per dtype off the main thread (as `
 engine's ``ninfer-engine`` thread) with ``--threads`` torch threads (default: every core, the engine's default).
 
 * ``steps``: ``--steps`` T = 1 decode forwards at ``--context`` positions (``bench/model_bench.py``'s
-  ``decode_step_seconds``), per (dtype, B), ``--repeats`` times with the dtypes alternated.
+  ``decode_step_seconds``), per (dtype, KV pool, B), ``--repeats`` times with the arms alternated. KV pools
+  (``--kv``): ``lane_major`` (the CPU default: the attention reads each lane's keys in place) and ``paged`` (a
+  free-list pool of the same geometry: the rows' blocks are gathered, then SDPA).
 * ``mm_share``: one ``torch.profiler`` run of 10 steps per (dtype, B): self CPU time of ``aten::mm`` /
   ``aten::addmm`` / ``aten::_mkl_linear`` over all ops.
 * ``gemm`` (float32): every layer's four projections (qkv, o, gate/up, down; 120 products, ~0.4 GB of
@@ -15,7 +17,8 @@ engine's ``ninfer-engine`` thread) with ``--threads`` torch threads (default: ev
   packed for exactly M rows: any other row count falls back to the plain GEMM; the packed copy's size is
   reported). ms per pass, repeats alternated.
 
-usage: python bench/cpu_forward_bench.py [--batches 1 8 32] [--threads N] [--repeats 3] [--steps 15] [--out FILE.json]
+usage: python bench/cpu_forward_bench.py [--batches 1 8 32] [--dtypes float32 bfloat16] [--kv lane_major paged]
+                                       [--no-gemm] [--threads N] [--repeats 3] [--steps 15] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -33,17 +36,24 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench_common import fmt_spread, results_path, run_header, spread  # noqa: E402
+from bench_common import fmt_spread, line_plot, results_path, run_header, spread  # noqa: E402
 
 MM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkl::_mkl_linear")
 
 
-def _load(dtype: torch.dtype, lanes: int, seq: int):
+def _load(dtype: torch.dtype, lanes: int, seq: int, kv: str = "lane_major"):
+    """The model with every lane's KV reserved; ``kv="paged"`` swaps in a free-list pool of the same geometry."""
     from gpu_engine.api.serve import off_main_thread
+    from gpu_engine.model.kv_cache import PagedKVCache
     from gpu_engine.model.loader import load_model
 
     model = off_main_thread(lambda: load_model("SmolLM2-135M-Instruct", device="cpu", dtype=dtype, max_lanes=lanes,
                                                max_seq_len=seq).model)
+    if kv == "paged":
+        c, old = model.config, model.kv
+        model.kv = PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_lanes=old.max_lanes,
+                                max_seq_len=old.max_seq_len, block_size=old.block_size, device="cpu", dtype=dtype,
+                                lane_major=False)
     model.kv.reserve_all()
     return model
 
@@ -90,7 +100,8 @@ def run(args) -> dict:
     from model_bench import decode_step_seconds
 
     lanes, seq = max(args.batches), args.context + args.steps + 80
-    models = {d: _load(getattr(torch, d), lanes, seq) for d in args.dtypes}
+    arms = [(d, kv) for d in args.dtypes for kv in args.kv]
+    models = {a: _load(getattr(torch, a[0]), lanes, seq, a[1]) for a in arms}
     steps: dict[tuple, list[float]] = {}
     gemm: dict[tuple, list[float]] = {}
     gemm_bytes: dict[str, int] = {}
@@ -98,16 +109,18 @@ def run(args) -> dict:
     with torch.inference_mode():
         torch.set_num_threads(args.threads)
         for rep in range(args.repeats):
-            for d in (args.dtypes if rep % 2 == 0 else args.dtypes[::-1]):
+            for a in (arms if rep % 2 == 0 else arms[::-1]):
                 for b in args.batches:
-                    steps.setdefault((d, b), []).append(1e3 * decode_step_seconds(models[d], b, args.context, args.steps))
-            print(f"rep {rep}: " + "  ".join(f"{d} B={b} {v[-1]:.1f} ms" for (d, b), v in steps.items()), flush=True)
-        for d in args.dtypes:
+                    steps.setdefault((*a, b), []).append(1e3 * decode_step_seconds(models[a], b, args.context,
+                                                                                   args.steps))
+            print(f"rep {rep}: " + "  ".join(f"{d} {kv} B={b} {v[-1]:.1f} ms" for (d, kv, b), v in steps.items()),
+                  flush=True)
+        for a in arms:
             for b in args.batches:
-                share[(d, b)] = _mm_share(models[d], b, args.context)
-        if "float32" in models:
+                share[(*a, b)] = _mm_share(models[a], b, args.context)
+        if not args.no_gemm and "float32" in args.dtypes:
             for b in args.batches:
-                arms = _gemm_arms(models["float32"], b)
+                arms = _gemm_arms(models[("float32", args.kv[0])], b)
                 for rep in range(args.repeats):
                     for name in (list(arms) if rep % 2 == 0 else list(arms)[::-1]):
                         gemm.setdefault((name, b), []).append(1e3 * _time(arms[name][0]))
@@ -115,8 +128,8 @@ def run(args) -> dict:
                     gemm_bytes[name] = nbytes
     res = run_header("cpu", model="SmolLM2-135M-Instruct", threads=args.threads, steps=args.steps,
                      context=args.context, repeats=args.repeats, step_ms=[], gemm_ms=[])
-    for (d, b), v in steps.items():
-        res["step_ms"].append(dict(dtype=d, batch=b, ms=spread(v), mm_share=share[(d, b)]))
+    for (d, kv, b), v in steps.items():
+        res["step_ms"].append(dict(dtype=d, kv=kv, batch=b, ms=spread(v), mm_share=share[(d, kv, b)]))
     for (name, b), v in gemm.items():
         res["gemm_ms"].append(dict(form=name, batch=b, ms=spread(v), extra_weight_bytes=gemm_bytes[name]))
     return res
@@ -126,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    ap.add_argument("--kv", nargs="+", default=["lane_major"], choices=["lane_major", "paged"],
+                    help="KV pools: lane-major (the CPU default, attention reads the pool in place) and/or "
+                         "free-list (gather + SDPA)")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM forms")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: every core, the engine's default)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=15)
@@ -140,10 +157,10 @@ def main(argv: list[str] | None = None) -> int:
 
     res = off_main_thread(run, args)  # timed on a thread that is not the main one, as the engine's
     print(f"\ndecode step, {args.threads} threads ({res['device']}):")
-    print(f"{'dtype':>9} {'B':>3} {'ms/step median [min-max]':>28} {'matrix products':>16}")
+    print(f"{'dtype':>9} {'KV pool':>10} {'B':>3} {'ms/step median [min-max]':>28} {'matrix products':>16}")
     for r in res["step_ms"]:
         s = r["ms"]
-        print(f"{r['dtype']:>9} {r['batch']:>3} {fmt_spread(s, '{:.1f}'):>28} "
+        print(f"{r['dtype']:>9} {r['kv']:>10} {r['batch']:>3} {fmt_spread(s, '{:.1f}'):>28} "
               f"{100 * r['mm_share']:>15.0f}%")
     print(f"\nfloat32 layer projections (120 products), ms per pass:")
     for r in res["gemm_ms"]:
@@ -153,25 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     out = results_path("cpu_forward_bench", "cpu", args.out)
     out.write_text(json.dumps(res, indent=1))
     print(f"wrote {out}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for d in args.dtypes:
-            rows = [r for r in res["step_ms"] if r["dtype"] == d]
-            ax.plot([r["batch"] for r in rows], [r["ms"]["median"] for r in rows], marker="o", label=d)
-        ax.set_xlabel("batch (rows)")
-        ax.set_ylabel("ms per decode step")
-        ax.set_title(f"SmolLM2 CPU decode step, {args.threads} threads")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out.with_suffix(".png"), dpi=100)
-        print(f"wrote {out.with_suffix('.png')}")
-    except ImportError:
-        pass
+    series = {}
+    for d in args.dtypes:
+        for kv in args.kv:
+            rows = [r for r in res["step_ms"] if (r["dtype"], r["kv"]) == (d, kv)]
+            series[f"{d}, {kv.replace('_', '-')} KV"] = ([r["batch"] for r in rows], [r["ms"]["median"] for r in rows])
+    line_plot(out.with_suffix(".png"), series, "batch (rows)", "ms per decode step",
+              f"SmolLM2 CPU decode step, {args.threads} threads")
     return 0
 
 

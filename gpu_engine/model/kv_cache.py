@@ -11,6 +11,12 @@ at it, so a write to a position nobody reserved (CUDA-graph padding rows, prefil
 row's piece) never lands in another lane's block, and a read of such a position only ever
 happens for positions masked out by causality.
 
+*Lane-major* pools (``lane_major``; by default on the CPU when the pool holds every lane at full length):
+lane ``n`` always gets blocks ``n * blocks_per_lane + j`` for its column ``j``, so its positions are one
+contiguous run per head and :meth:`PagedKVCache.lane_view` gives every lane's keys as a view
+``[nkv, max_lanes, blocks_per_lane * block_size, hd]`` -- the CPU attention reads them in place instead
+of gathering the live KV of every row in every layer (issue 12 "no per-step gather of the KV cache").
+
 Blocks are taken from the free pool on the host (:meth:`PagedKVCache.reserve`, called by the
 executors before a forward that writes new positions) and given back by
 :meth:`PagedKVCache.release` when the lane's request ends. The device block table is updated by
@@ -43,6 +49,9 @@ class PagedKVCache:
         num_blocks: blocks in the pool (without the trash block); ``None`` = enough for every
             lane at full length (``max_lanes * blocks_per_lane``: reserve can then never fail).
         device, dtype: where and how the pool is stored.
+        lane_major: give lane ``n`` blocks ``n * blocks_per_lane + j`` (see the module docstring); needs
+            ``num_blocks = max_lanes * blocks_per_lane``. ``None`` = on a CPU device when ``num_blocks`` is
+            ``None``.
 
     Raises:
         ValueError: a non-positive size, or a block size that is not a power of two.
@@ -50,7 +59,8 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, max_lanes: int, max_seq_len: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 lane_major: bool | None = None) -> None:
         if block_size <= 0 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {block_size}")
         if min(num_layers, num_kv_heads, head_dim, max_lanes, max_seq_len) <= 0:
@@ -58,9 +68,17 @@ class PagedKVCache:
         self.block_size = int(block_size)
         self.max_lanes, self.max_seq_len = int(max_lanes), int(max_seq_len)
         self.blocks_per_lane = -(-self.max_seq_len // self.block_size)
-        self.num_blocks = self.max_lanes * self.blocks_per_lane if num_blocks is None else int(num_blocks)
+        full = self.max_lanes * self.blocks_per_lane
+        self.num_blocks = full if num_blocks is None else int(num_blocks)
         if self.num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if lane_major is None:
+            lane_major = num_blocks is None and torch.device(device).type == "cpu"
+        if lane_major and self.num_blocks != full:
+            raise ValueError(f"a lane-major pool needs num_blocks = max_lanes * blocks_per_lane = {full}, "
+                             f"got {self.num_blocks}")
+        #: lane ``n`` owns blocks ``n * blocks_per_lane + j`` (see the module docstring)
+        self.lane_major = bool(lane_major)
         self.trash = self.num_blocks
         shape = (num_layers, num_kv_heads, self.num_blocks + 1, self.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
@@ -68,7 +86,8 @@ class PagedKVCache:
         self.block_table = torch.full((self.max_lanes, self.blocks_per_lane), self.trash,
                                       dtype=torch.int64, device=device)
         self._owned: list[list[int]] = [[] for _ in range(self.max_lanes)]
-        self._free = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out the lowest id first
+        # pop() hands out the lowest id first; a lane-major pool uses only its length (the count of free blocks)
+        self._free = list(range(self.num_blocks - 1, -1, -1))
 
     # ------------------------------------------------------------ host bookkeeping
     @property
@@ -122,8 +141,13 @@ class PagedKVCache:
             raise KVCacheFull(f"KV cache full: {what} more blocks of {bs} positions, "
                               f"{len(self._free)} free of {self.num_blocks}")
         entries: list[list[int]] = [[], [], []]  # lane, column, block of each new table entry
+        bpl = self.blocks_per_lane
         for lane, have, need in plan:
-            new = [self._free.pop() for _ in range(need - have)]
+            if self.lane_major:  # the lane's own blocks; the pool's count moves as with the free list
+                new = [lane * bpl + j for j in range(have, need)]
+                del self._free[len(self._free) - len(new):]
+            else:
+                new = [self._free.pop() for _ in range(need - have)]
             owned[lane].extend(new)
             entries[0] += [lane] * len(new)
             entries[1] += range(have, need)
@@ -161,6 +185,19 @@ class PagedKVCache:
         col = (pos // bs).clamp_max(self.blocks_per_lane - 1)
         blk = self.block_table[lanes[:, None], col]                                   # [B, T]
         return (blk * bs + pos % bs).reshape(-1)
+
+    def lanes_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every lane's positions of one layer as views ``[nkv, max_lanes, blocks_per_lane * block_size, hd]``
+        (lane-major pools only; position ``p`` of lane ``n`` is ``[:, n, p]``). No copy.
+
+        Raises:
+            RuntimeError: the pool is not lane-major.
+        """
+        if not self.lane_major:
+            raise RuntimeError("lanes_view needs a lane-major pool")
+        nkv, hd = self.k.shape[1], self.k.shape[-1]
+        shape = (nkv, self.max_lanes, self.blocks_per_lane * self.block_size, hd)
+        return self.k[layer][:, : self.num_blocks].view(shape), self.v[layer][:, : self.num_blocks].view(shape)
 
     def lane_view(self, layers: slice | int, lane: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of positions ``[0, n)`` of ``lane`` (for tests and debugging; syncs).

@@ -24,7 +24,8 @@ from gpu_engine.model.config import ModelConfig
 from gpu_engine.model.fused_ops import add_rms_norm, rope_kv_write, silu_mul
 from gpu_engine.model.gemv import add_rms_norm_gemv, gemv, gemv_max_rows, norm_fusion_pays
 from gpu_engine.model.kv_cache import DEFAULT_BLOCK_SIZE, PagedKVCache
-from gpu_engine.model.paged_attention import paged_attention_reference, paged_attention_triton, triton_available
+from gpu_engine.model.paged_attention import (lane_major_attention, paged_attention_reference, paged_attention_triton,
+                                              triton_available)
 
 # Attention backends: "reference" = gather a layer's blocks + SDPA and eager torch elementwise ops
 # (CPU default); "triton" = the paged decode kernel for decode/verify rows of at most TRITON_MAX_T tokens
@@ -307,6 +308,7 @@ class LlamaModel(nn.Module):
         if self.attention == "triton":
             return self._forward_fused(x, pos, slots, lanes, start_pos, L, ctx, last_only, logit_index)
 
+        lane_list = lanes.tolist() if kv.lane_major else None                      # host ints (CPU pools)
         cos = self.rope_cos[pos].to(self.dtype)[:, :, None, :]                      # [B, T, 1, hd]
         sin = self.rope_sin[pos].to(self.dtype)[:, :, None, :]
         for li in range(L):
@@ -324,7 +326,11 @@ class LlamaModel(nn.Module):
             kp, vp = kv.k[li], kv.v[li]                                              # [nkv, NB+1, bs, hd]
             kp.view(nkv, -1, hd).index_copy_(1, slots, k.permute(2, 0, 1, 3).reshape(nkv, B * T, hd))
             vp.view(nkv, -1, hd).index_copy_(1, slots, v.view(B, T, nkv, hd).permute(2, 0, 1, 3).reshape(nkv, B * T, hd))
-            o = paged_attention_reference(q.transpose(1, 2), kp, vp, kv.block_table, lanes, pos, ctx)
+            if lane_list is not None:
+                kl, vl = kv.lanes_view(li)
+                o = lane_major_attention(q.transpose(1, 2), kl, vl, lane_list, pos, min(ctx, kl.shape[2]))
+            else:
+                o = paged_attention_reference(q.transpose(1, 2), kp, vp, kv.block_table, lanes, pos, ctx)
             o = o.transpose(1, 2).reshape(B, T, self.q_size)
             x = x + F.linear(o, layer.o)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)

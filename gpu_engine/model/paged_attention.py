@@ -4,6 +4,8 @@ Two implementations of the same function (causal by absolute position, GQA):
 
 * :func:`paged_attention_reference` — torch only (CPU, and CUDA prefill): gathers the rows'
   blocks of one layer into ``[B, nkv, ctx, hd]`` (one copy) and runs SDPA with a position mask.
+* :func:`lane_major_attention` — torch only, for lane-major pools (the CPU default): SDPA over a view of the
+  lanes' keys in place (no copy), a lane span at a time.
 * :func:`paged_attention_triton` — a Triton decode/verify kernel (CUDA; ``T`` small): each
   program handles one (query row, KV head, context split) and streams that lane's keys straight
   from the pool through its block table with an online softmax — no copy of the live KV; a
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 
 from gpu_engine.model.fused_ops import next_pow2
 
-__all__ = ["paged_attention_reference", "paged_attention_triton", "triton_available", "num_splits"]
+__all__ = ["lane_major_attention", "paged_attention_reference", "paged_attention_triton", "triton_available",
+           "num_splits"]
 
 
 def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -53,6 +56,56 @@ def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     key_pos = torch.arange(nb * bs, device=q.device)
     mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]                          # [B, 1, T, nb*bs]
     return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=nkv != nh)
+
+
+#: a lane span up to this many times the row count is attended in place (the lanes in between as dummy rows);
+#: a sparser set of lanes is gathered
+LANE_SPAN_FACTOR = 2
+
+
+def lane_major_attention(q: torch.Tensor, k_lanes: torch.Tensor, v_lanes: torch.Tensor, lanes: list[int],
+                         pos: torch.Tensor, ctx: int) -> torch.Tensor:
+    """Attention over a lane-major pool (:meth:`~gpu_engine.model.kv_cache.PagedKVCache.lanes_view`): the same
+    function as :func:`paged_attention_reference`, reading the keys in place.
+
+    The rows' lanes ``lo .. hi - 1`` (``lo``/``hi`` the smallest / largest + 1) are one strided view
+    ``[hi - lo, nkv, ctx, hd]`` of the pool; SDPA runs over it with a position mask, lanes without a row as
+    dummy rows (zero queries attending position 0 only). Rows in ascending consecutive lanes (a batch at
+    constant B: the engine gives the lowest free lane first) need no reordering at all. A set of lanes
+    spread wider than :data:`LANE_SPAN_FACTOR` times the row count, or one with a lane twice (padding rows of
+    a batch bucket), is gathered (one copy) instead.
+
+    Args:
+        q: ``[B, nh, T, hd]`` queries (model dtype).
+        k_lanes, v_lanes: ``[nkv, max_lanes, S, hd]`` views of one layer's pool.
+        lanes: the ``B`` rows' lanes, host ints.
+        pos: ``[B, T]`` int64 absolute positions of the queries.
+        ctx: attention span in positions (``<= S``).
+    Returns:
+        ``[B, nh, T, hd]`` in ``q.dtype``.
+    """
+    B, nh, T, hd = q.shape
+    lo, hi = min(lanes), max(lanes) + 1
+    key_pos = torch.arange(ctx, device=q.device)
+    if hi - lo == B and (B == 1 or lanes == list(range(lo, hi))):
+        keys = k_lanes[:, lo:hi, :ctx].transpose(0, 1)
+        vals = v_lanes[:, lo:hi, :ctx].transpose(0, 1)
+        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
+    idx = torch.tensor(lanes, dtype=torch.int64, device=q.device)
+    if hi - lo > LANE_SPAN_FACTOR * B or len(set(lanes)) < B:
+        keys = k_lanes.index_select(1, idx)[:, :, :ctx].transpose(0, 1)
+        vals = v_lanes.index_select(1, idx)[:, :, :ctx].transpose(0, 1)
+        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
+    rel = idx - lo
+    qf = q.new_zeros((hi - lo, nh, T, hd)).index_copy_(0, rel, q)
+    pf = pos.new_zeros((hi - lo, T)).index_copy_(0, rel, pos)
+    keys = k_lanes[:, lo:hi, :ctx].transpose(0, 1)
+    vals = v_lanes[:, lo:hi, :ctx].transpose(0, 1)
+    mask = (key_pos[None, None, :] <= pf[:, :, None])[:, None]
+    out = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
+    return out.index_select(0, rel)
 
 
 def triton_available() -> bool:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_engine.model.kv_cache import KVCacheFull, PagedKVCache
-from gpu_engine.model.paged_attention import paged_attention_reference, triton_available
+from gpu_engine.model.paged_attention import lane_major_attention, paged_attention_reference, triton_available
 
 
 def test_reserve_release_and_trash_block() -> None:
@@ -41,7 +41,7 @@ def _setup(seed: int = 0, B: int = 3, T: int = 1, nh: int = 6, nkv: int = 2, hd:
     """A pool with scattered blocks for 3 lanes, and the same KV laid out densely per row."""
     g = torch.Generator().manual_seed(seed)
     S = 40
-    kv = PagedKVCache(1, nkv, hd, max_lanes=4, max_seq_len=S, block_size=bs)
+    kv = PagedKVCache(1, nkv, hd, max_lanes=4, max_seq_len=S, block_size=bs, lane_major=False)
     lens = [37, 9, 20][:B]
     lanes = torch.tensor([2, 0, 3][:B])
     for step in range(S // bs):                              # interleave: blocks of lanes are not contiguous
@@ -141,3 +141,76 @@ def test_reserve_lanes_gives_a_lane_listed_twice_its_larger_size() -> None:
     kv.reserve_lanes([0, 0], [8, 12])
     assert kv.blocks_of(0) == [0, 1, 2] and kv.free_blocks == 17
     assert kv.block_table[0, :4].tolist() == [0, 1, 2, kv.trash]
+
+
+def test_lane_major_pool_gives_each_lane_its_own_blocks() -> None:
+    kv = PagedKVCache(2, 2, 8, max_lanes=3, max_seq_len=40, block_size=16)   # CPU, full pool: lane-major
+    assert kv.lane_major and kv.blocks_per_lane == 3 and kv.free_blocks == 9
+    kv.reserve_lanes([2, 0], [20, 33])
+    assert kv.blocks_of(2) == [6, 7] and kv.blocks_of(0) == [0, 1, 2] and kv.free_blocks == 4
+    kv.reserve(2, 40)
+    assert kv.blocks_of(2) == [6, 7, 8] and kv.block_table[1].eq(kv.trash).all()
+    kv.k.normal_()
+    kl, vl = kv.lanes_view(1)
+    k2, v2 = kv.lane_view(1, 2, 40)                                              # copies through the block table
+    assert torch.equal(kl[:, 2, :40], k2) and torch.equal(vl[:, 2, :40], v2)
+    assert kl.data_ptr() == kv.k[1].data_ptr()                                    # a view, not a copy
+    kv.release(2)
+    assert kv.free_blocks == 6 and kv.blocks_of(2) == []
+    kv.reserve(1, 1)
+    assert kv.blocks_of(1) == [3]
+    assert not PagedKVCache(1, 1, 8, max_lanes=3, max_seq_len=40, block_size=16, num_blocks=9).lane_major
+    with pytest.raises(ValueError):
+        PagedKVCache(1, 1, 8, max_lanes=3, max_seq_len=40, block_size=16, num_blocks=5, lane_major=True)
+    with pytest.raises(RuntimeError):
+        PagedKVCache(1, 1, 8, max_lanes=3, max_seq_len=40, block_size=16, lane_major=False).lanes_view(0)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("lanes", [[0, 1, 2], [2, 0, 1], [0, 2, 3], [5, 1], [7, 0], [4], [1, 2, 1]],
+                         ids=["consecutive", "unordered", "gap", "span-4-of-2", "sparse-gathered", "one",
+                              "repeated"])
+def test_lane_major_attention_matches_dense(T: int, lanes: list[int]) -> None:
+    g = torch.Generator().manual_seed(len(lanes) * 10 + T)
+    B, nh, nkv, hd, bs, S = len(lanes), 6, 2, 24, 4, 40
+    kv = PagedKVCache(1, nkv, hd, max_lanes=8, max_seq_len=S, block_size=bs)
+    assert kv.lane_major
+    lens = [37, 9, 20][:B]  # a repeated lane (a padding row) has its own query at another position
+    for lane, n in zip(lanes, lens):
+        kv.reserve(lane, n)
+    kv.k.normal_(generator=g)
+    kv.v.normal_(generator=g)
+    start = torch.tensor(lens) - T
+    q = torch.randn(B, nh, T, hd, generator=g)
+    lt = torch.tensor(lanes)
+    pos = start[:, None] + torch.arange(T)
+    kl, vl = kv.lanes_view(0)
+    got = lane_major_attention(q, kl, vl, lanes, pos, ctx=40)
+    torch.testing.assert_close(got, _dense(kv, q, lt, start), rtol=1e-5, atol=1e-5)
+    ref = paged_attention_reference(q, kv.k[0], kv.v[0], kv.block_table, lt, pos, ctx=40)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_model_logits_equal_with_a_lane_major_pool() -> None:
+    """The same random model on a lane-major pool (the CPU default) and on a free-list pool (num_blocks given):
+    prefill, decode and 3-token verify rows in unordered, gapped lanes give the same logits."""
+    from gpu_engine.model.config import ModelConfig
+    from gpu_engine.model.llama import build_model
+
+    cfg = ModelConfig(arch="qwen3", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True, max_position=64)
+    ms = [build_model(cfg, "cpu", torch.float32, 4, 64, weights="random", seed=4, num_blocks=nb)
+          for nb in (None, 16)]
+    assert ms[0].kv.lane_major and not ms[1].kv.lane_major
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 300, (3, 20), generator=g)
+    lanes = torch.tensor([3, 0, 1])
+    outs = []
+    for m in ms:
+        for lane in (3, 1, 0):
+            m.reserve(lane, 64)
+        o = [m(prompt, lanes, torch.tensor([0, 0, 0]), max_context=32)[:, -1]]
+        o.append(m(prompt[:, :1], lanes, torch.tensor([20, 20, 20]), max_context=32)[:, 0])
+        o.append(m(prompt[:2, 1:4], lanes[:2], torch.tensor([21, 17]), max_context=32).flatten(0, 1))
+        outs.append(torch.cat(o))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
