@@ -106,16 +106,13 @@ def uniform(
     position: torch.Tensor,
     purpose: int | torch.Tensor,
     vocab_size: int | None = None,
-    first_token: int = 0,
 ) -> torch.Tensor:
     """Uniform draws in the open interval (0, 1), never exactly 0 or 1.
 
     Args:
         seed, position, purpose: see :func:`counter_key` (broadcast shape ``S``).
         vocab_size: ``None`` for one draw per key (shape ``S``); ``V`` for one
-            draw per token id ``first_token .. first_token + V - 1`` (shape ``[*S, V]``).
-        first_token: the token id of the first per-token draw (a slice of the vocabulary: the
-            same values as those columns of the whole vocabulary's draws).
+            draw per token id ``0..V-1`` (shape ``[*S, V]``).
 
     Returns:
         float32 tensor on the inputs' device; values ``(m + 0.5) / 2**23``.
@@ -123,8 +120,7 @@ def uniform(
     key = counter_key(seed, position, purpose)
     if vocab_size is None:
         return _bits_to_uniform(_mix(key))
-    tok = torch.arange(first_token + 1, first_token + vocab_size + 1, dtype=torch.int64,
-                       device=key.device).mul_(_G)
+    tok = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=key.device).mul_(_G)
     h = _mix_(key.unsqueeze(-1) + tok)                      # [*S, V], owned: mixed in place
     h.bitwise_right_shift_(64 - _U_BITS).bitwise_and_((1 << _U_BITS) - 1)  # _shr(h, 64 - _U_BITS)
     return h.to(torch.float32).add_(0.5).mul_(2.0 ** -_U_BITS)  # as _bits_to_uniform, in place
@@ -135,12 +131,10 @@ def exponential(
     position: torch.Tensor,
     purpose: int | torch.Tensor,
     vocab_size: int,
-    first_token: int = 0,
 ) -> torch.Tensor:
-    """Per-token Exp(1) draws ``-log(u)``, shape ``[*S, V]`` float32, all > 0 (token ids from ``first_token``,
-    as :func:`uniform`).
+    """Per-token Exp(1) draws ``-log(u)``, shape ``[*S, V]`` float32, all > 0.
 
     Used by the exponential-race form of the Gumbel-max trick:
     ``argmax_i w_i / E_i`` is distributed as ``w / sum(w)`` for ``w >= 0``.
     """
-    return uniform(seed, position, purpose, vocab_size, first_token).log_().neg_()  # -log(u), in place on a fresh tensor
+    return uniform(seed, position, purpose, vocab_size).log_().neg_()  # -log(u), in place on a fresh tensor

@@ -74,39 +74,3 @@ def test_uniform_and_uncorrelated():
     for a, b in ((x[:, 0], x[:, 1]), (x[:, 0], u_pos1[:, 0]), (x[:, 0], u_pur[:, 0]), (x[:-1, 0], x[1:, 0])):
         corr = float((a * b).mean() / (a.std() * b.std()))
         assert abs(corr) < 0.07  # ~4.4 sigma at n=4000
-
-
-def test_a_vocabulary_slice_equals_those_columns():
-    seed, pos = torch.tensor([3, 9]), torch.tensor([0, 41])
-    whole = rng.uniform(seed, pos, Purpose.SAMPLE, 100)
-    for lo, n in ((0, 100), (37, 20), (99, 1)):
-        assert torch.equal(rng.uniform(seed, pos, Purpose.SAMPLE, n, first_token=lo), whole[:, lo: lo + n])
-    assert torch.equal(rng.exponential(seed, pos, Purpose.DRAFT, 30, first_token=70),
-                       rng.exponential(seed, pos, Purpose.DRAFT, 100)[:, 70:])
-
-
-@pytest.mark.parametrize("chunk", [7, 16, 64, 1000])
-def test_sliced_cpu_draw_picks_the_whole_vocabulary_argmax(monkeypatch, chunk):
-    """sampler.draw races slices of DRAW_CHUNK ids on the CPU: the same token as one argmax over all of them,
-    ties (all-zero rows, equal weights) included."""
-    from gpu_engine.sample import sampler
-
-    g = torch.Generator().manual_seed(chunk)
-    B, V = 6, 100
-    w = torch.rand(B, V, generator=g) ** 8
-    w[1] = 0.0                                   # all zero: token 0, as argmax
-    w[2] = 0.0
-    w[2, [5, 50, 95]] = 1.0                      # three equal weights across slices
-    w[3, 60:] = 0.0
-    w[4] = 1.0
-    seed = torch.arange(B) * 7
-    pos = torch.arange(B) + 3
-    purpose = torch.tensor([0, 1, 2, 3, 4, 0])
-    want = torch.argmax(w / rng.exponential(seed, pos, purpose, V), dim=-1)
-    monkeypatch.setattr(sampler, "DRAW_CHUNK", chunk)
-    got = sampler.draw(w, seed, pos, purpose)
-    assert torch.equal(got, want) and got[1] == 0
-    for p in range(20):                          # many draws: the slices' running best never drifts
-        pp = torch.full((B,), p)
-        assert torch.equal(sampler.draw(w, seed, pp, Purpose.SAMPLE),
-                           torch.argmax(w / rng.exponential(seed, pp, Purpose.SAMPLE, V), dim=-1))
