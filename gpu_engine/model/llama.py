@@ -7,7 +7,9 @@ T=1) and speculative verification (B lanes, T=K+1) are the same call.
 
 Everything in ``forward`` has shapes fixed by ``(B, T, max_context)``: no
 ``.item()``, no value-dependent Python branches, no value-dependent
-allocation, so the call can be captured in a CUDA graph per bucket.
+allocation, so the call can be captured in a CUDA graph per bucket. The one exception is a lane-major pool
+(the CPU default, never captured): its attention reads the lanes as host ints
+(:func:`~gpu_engine.model.paged_attention.lane_major_attention`).
 
 Weights come as a dict with Hugging Face names (``model.layers.0.self_attn.q_proj.weight``,
 …); q/k/v and gate/up projections are fused on load.
@@ -215,8 +217,8 @@ class LlamaModel(nn.Module):
         self._refresh_small_head()
 
     def set_attention(self, attention: str) -> None:
-        """Choose the forward's kernels: ``"reference"`` (eager torch: gather of the lane's blocks + SDPA,
-        unfused norm/RoPE/SiLU), ``"triton"`` (the paged decode kernel of
+        """Choose the forward's kernels: ``"reference"`` (eager torch: gather of the lane's blocks + SDPA, or on
+        a lane-major pool SDPA over a view of the lanes; unfused norm/RoPE/SiLU), ``"triton"`` (the paged decode kernel of
         :func:`~gpu_engine.model.paged_attention.paged_attention_triton` for rows of at most
         ``TRITON_MAX_T`` tokens, and the fused kernels of :mod:`gpu_engine.model.fused_ops`), or
         ``"auto"`` (``"triton"`` on CUDA when Triton imports, ``"reference"`` elsewhere).
