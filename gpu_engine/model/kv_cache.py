@@ -11,9 +11,9 @@ at it, so a write to a position nobody reserved (CUDA-graph padding rows, prefil
 row's piece) never lands in another lane's block, and a read of such a position only ever
 happens for positions masked out by causality.
 
-*Lane-major* pools (``lane_major``; by default on the CPU when the pool holds every lane at full length):
+*Lane-major* pools (``lane_major``; by default on a CPU device when ``num_blocks`` is not given):
 lane ``n`` always gets blocks ``n * blocks_per_lane + j`` for its column ``j``, so its positions are one
-contiguous run per head and :meth:`PagedKVCache.lane_view` gives every lane's keys as a view
+contiguous run per head and :meth:`PagedKVCache.lanes_view` gives every lane's keys as a view
 ``[nkv, max_lanes, blocks_per_lane * block_size, hd]`` -- the CPU attention reads them in place instead
 of gathering the live KV of every row in every layer (issue 12 "no per-step gather of the KV cache").
 

@@ -94,8 +94,8 @@ def lane_major_attention(q: torch.Tensor, k_lanes: torch.Tensor, v_lanes: torch.
         return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
     idx = torch.tensor(lanes, dtype=torch.int64, device=q.device)
     if hi - lo > LANE_SPAN_FACTOR * B or len(set(lanes)) < B:
-        keys = k_lanes.index_select(1, idx)[:, :, :ctx].transpose(0, 1)
-        vals = v_lanes.index_select(1, idx)[:, :, :ctx].transpose(0, 1)
+        keys = k_lanes[:, :, :ctx].index_select(1, idx).transpose(0, 1)  # copies ctx positions only
+        vals = v_lanes[:, :, :ctx].index_select(1, idx).transpose(0, 1)  # copies ctx positions only
         mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]
         return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
     rel = idx - lo
