@@ -47,9 +47,11 @@ from bench_common import JSB_DEV, pct, results_path, run_header, subset_of, with
 PROBE_LIMIT_MS = 250.0
 
 
-def walk(xgr, compiled, traj: list[int], bm, masks: list | None = None, budget_s: float = 0.0):
-    """One matcher over ``traj``: per-token fill ns; with ``masks`` (eager rows), the positions whose mask differs.
-    Stops after the token at which ``budget_s`` (> 0) seconds of fills have been spent."""
+def walk(xgr, compiled, traj: list[int], bm, masks: list | None = None, budget_s: float = 0.0,
+         record: list | None = None):
+    """One matcher over ``traj``: per-token fill ns; with ``masks`` (eager rows), the positions whose mask differs;
+    with ``record``, a copy of every mask appended to it. Stops after the token at which ``budget_s`` (> 0)
+    seconds of fills have been spent."""
     m = xgr.GrammarMatcher(compiled)
     row = bm[0]
     out, diffs, spent = [], 0, 0
@@ -61,6 +63,8 @@ def walk(xgr, compiled, traj: list[int], bm, masks: list | None = None, budget_s
         spent += dt
         if masks is not None and i < len(masks) and not np.array_equal(row.numpy(), masks[i]):
             diffs += 1
+        if record is not None:
+            record.append(row.numpy().copy())
         if not m.accept_token(t):
             raise RuntimeError("trajectory rejected")
         if budget_s and spent > budget_s * 1e9:
@@ -116,15 +120,8 @@ def run(args) -> dict:
             masks = None
             eager_ns: list[int] = []
             if ge is not None:
-                m = xgr.GrammarMatcher(ge)
                 masks = []
-                for t in traj:
-                    t1 = time.perf_counter_ns()
-                    m.fill_next_token_bitmask(bm, 0)
-                    eager_ns.append(time.perf_counter_ns() - t1)
-                    masks.append(bm[0].numpy().copy())
-                    if not m.accept_token(t):
-                        raise RuntimeError("trajectory rejected")
+                eager_ns, _ = walk(xgr, ge, traj, bm, record=masks)
             first, d1 = walk(xgr, gd, traj, bm, masks, budget_s=args.walk_budget)
             second, d2 = walk(xgr, gd, traj, bm, masks)
         except RuntimeError:

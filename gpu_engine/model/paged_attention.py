@@ -86,26 +86,21 @@ def lane_major_attention(q: torch.Tensor, k_lanes: torch.Tensor, v_lanes: torch.
     """
     B, nh, T, hd = q.shape
     lo, hi = min(lanes), max(lanes) + 1
-    key_pos = torch.arange(ctx, device=q.device)
-    if hi - lo == B and (B == 1 or lanes == list(range(lo, hi))):
-        keys = k_lanes[:, lo:hi, :ctx].transpose(0, 1)
-        vals = v_lanes[:, lo:hi, :ctx].transpose(0, 1)
-        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]
-        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
-    idx = torch.tensor(lanes, dtype=torch.int64, device=q.device)
-    if hi - lo > LANE_SPAN_FACTOR * B or len(set(lanes)) < B:
-        keys = k_lanes[:, :, :ctx].index_select(1, idx).transpose(0, 1)  # copies ctx positions only
-        vals = v_lanes[:, :, :ctx].index_select(1, idx).transpose(0, 1)  # copies ctx positions only
-        mask = (key_pos[None, None, :] <= pos[:, :, None])[:, None]
-        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
-    rel = idx - lo
-    qf = q.new_zeros((hi - lo, nh, T, hd)).index_copy_(0, rel, q)
-    pf = pos.new_zeros((hi - lo, T)).index_copy_(0, rel, pos)
-    keys = k_lanes[:, lo:hi, :ctx].transpose(0, 1)
-    vals = v_lanes[:, lo:hi, :ctx].transpose(0, 1)
-    mask = (key_pos[None, None, :] <= pf[:, :, None])[:, None]
-    out = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=mask, enable_gqa=k_lanes.shape[0] != nh)
-    return out.index_select(0, rel)
+    sel = None  # with dummy rows: the batch's rows of the span's output
+    if lanes == list(range(lo, hi)):  # ascending consecutive lanes: the view as it is
+        keys, vals = k_lanes[:, lo:hi, :ctx], v_lanes[:, lo:hi, :ctx]
+    elif hi - lo > LANE_SPAN_FACTOR * B or len(set(lanes)) < B:  # sparse or repeated lanes: gathered
+        idx = torch.tensor(lanes, dtype=torch.int64, device=q.device)
+        keys, vals = k_lanes[:, :, :ctx].index_select(1, idx), v_lanes[:, :, :ctx].index_select(1, idx)
+    else:  # the span's view; lanes without a row are zero queries at position 0
+        sel = torch.tensor(lanes, dtype=torch.int64, device=q.device) - lo
+        q = q.new_zeros((hi - lo, nh, T, hd)).index_copy_(0, sel, q)
+        pos = pos.new_zeros((hi - lo, T)).index_copy_(0, sel, pos)
+        keys, vals = k_lanes[:, lo:hi, :ctx], v_lanes[:, lo:hi, :ctx]
+    mask = (torch.arange(ctx, device=q.device)[None, None, :] <= pos[:, :, None])[:, None]
+    out = F.scaled_dot_product_attention(q, keys.transpose(0, 1), vals.transpose(0, 1), attn_mask=mask,
+                                         enable_gqa=k_lanes.shape[0] != nh)
+    return out if sel is None else out.index_select(0, sel)
 
 
 def triton_available() -> bool:
